@@ -39,20 +39,33 @@ def _call(hooks: Sequence[Any], method: str, *args: Any) -> None:
 NodeRunner = Callable[[Node], NodeOutcome]
 
 
+def import_prefect() -> None:
+    """Import Prefect (about a second) with our defaults in place: callers do it while
+    something else waits, such as the temporary server booting."""
+    configure_prefect_defaults()
+    import prefect.flow_engine  # noqa: F401
+    import prefect.task_engine  # noqa: F401
+
+
 def run_plan(plan: Plan, data: RunData, devices: dict[str, Any], hooks: Sequence[Any] = (),
              use_cache: bool = True,
              after_pipeline: Callable[[str, NodeRunner, dict[str, NodeOutcome]], Any]
-             | None = None) -> tuple[dict[str, NodeOutcome], dict[str, Any]]:
+             | None = None,
+             heartbeats: bool = True) -> tuple[dict[str, NodeOutcome], dict[str, Any]]:
     """Run every node of `plan` as a Prefect task inside one flow run, pipeline by
     pipeline (parents first). After each pipeline, `after_pipeline` (the accuracy guard)
     may run more nodes, as tasks of the same flow, and swap the pipeline's model; its
     `from:` children are then re-planned from the new model before they run.
-    Raises the first StageError (after the hooks saw it); completed nodes stay cached."""
-    configure_prefect_defaults()
+    Raises the first StageError (after the hooks saw it); completed nodes stay cached.
+
+    `heartbeats=False` is for a server that lives only as long as this run: heartbeats
+    let a lasting server notice crashed runs, and stopping their thread costs up to 1 s."""
+    import_prefect()
     import logging
 
     from prefect import flow, task
     from prefect.cache_policies import NO_CACHE
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
     # A failing stage is reported once, by the CLI, naming pipeline and stage; Prefect's
     # run loggers would print its traceback to the console too. The failure still reaches
@@ -92,4 +105,7 @@ def run_plan(plan: Plan, data: RunData, devices: dict[str, Any], hooks: Sequence
                 extras[name] = after_pipeline(name, submit, outcomes)
         return outcomes, extras
 
-    return recipe_flow()
+    if heartbeats:
+        return recipe_flow()
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        return recipe_flow()

@@ -131,8 +131,12 @@ def run_recipe(loaded: LoadedRecipe, out_dir: Path | None = None,
                variants: list[str] | None = None, use_cache: bool = True,
                store: Store | None = None, hooks: list[Any] | None = None,
                tracking_uri: str | None = None,
-               before_flow: Callable[[], None] | None = None) -> RunResult:
-    """Run a validated recipe. Raises OrchestratorError subclasses for exit codes 2 and 3."""
+               before_flow: Callable[[], None] | None = None,
+               flow_heartbeats: bool = True) -> RunResult:
+    """Run a validated recipe. Raises OrchestratorError subclasses for exit codes 2 and 3.
+
+    `before_flow` runs just before the flow starts (the CLI waits there for the Prefect
+    server it started); `flow_heartbeats=False` when that server ends with this run."""
     from orchestrator import flows
     from orchestrator.report import build_report, write_outputs
     from orchestrator.tracking import MlflowTracker
@@ -152,10 +156,11 @@ def run_recipe(loaded: LoadedRecipe, out_dir: Path | None = None,
         return apply_guard(name, plan, data, outcomes, submit, on_trial=tracker.log_trial)
 
     try:
+        flows.import_prefect()  # while the CLI's server may still be booting
         if before_flow is not None:
-            before_flow()  # e.g. wait for the Prefect server started by the CLI
+            before_flow()
         outcomes, trials = flows.run_plan(plan, data, devices, all_hooks, use_cache=use_cache,
-                                          after_pipeline=guard)
+                                          after_pipeline=guard, heartbeats=flow_heartbeats)
         wanted = variants or list(loaded.recipe.pipelines)
         report = build_report(plan, data, outcomes, devices, wanted, run_id)
         for name, table in trials.items():
