@@ -1,12 +1,16 @@
 """First run vs cached re-run of a recipe, as a user runs it (the console script).
 
-Each run is a fresh process with a fresh store in a temp folder, MLflow in that folder,
-and Prefect's temporary server (or PREFECT_API_URL when set). Prints a table of wall times
-and whether every stage of the second run was a cache hit.
+Each run is a fresh process. Each setting gets a fresh store in a temp folder and MLflow in
+that folder. Prints a table of wall times and whether every stage of the second run was a
+cache hit. Settings:
 
-Two settings: "warm machine" (Prefect's database already exists, as after any earlier
-run) and "new machine" (a new PREFECT_HOME, so the first run also creates Prefect's
-database, as a user's very first run does).
+- "warm machine": Prefect's database already exists (as after any earlier run); the first
+  run starts the local Prefect server, the second attaches to it (the default);
+- "new machine": also a new PREFECT_HOME, so the first run creates Prefect's database, as a
+  user's very first run does;
+- "server per run": ORCHESTRATOR_PREFECT_IDLE_S=0, each run starts and stops its own server.
+
+With PREFECT_API_URL set, every setting uses that server instead.
 
     .venv/bin/python benchmarks/cached_rerun.py [recipes/digits.yaml]
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -22,13 +27,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from orchestrator.prefect_server import IDLE_ENV, STATE_FILE  # noqa: E402
 
 
-def run_once(recipe: Path, work: Path, out: str, new_machine: bool) -> tuple[float, dict]:
-    env = {**os.environ, "ORCHESTRATOR_HOME": str(work / ".orchestrator"),
-           "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}"}
-    if new_machine:
-        env["PREFECT_HOME"] = str(work / "prefect-home")
+def run_once(recipe: Path, work: Path, out: str, env: dict[str, str]) -> tuple[float, dict]:
     started = time.perf_counter()
     proc = subprocess.run([str(Path(sys.executable).parent / "orchestrator"), "run",
                            str(recipe), "-o", str(work / out)], env=env, cwd=work,
@@ -39,26 +43,38 @@ def run_once(recipe: Path, work: Path, out: str, new_machine: bool) -> tuple[flo
     return seconds, json.loads((work / out / "report.json").read_text())
 
 
-def measure(recipe: Path, new_machine: bool) -> None:
+def measure(recipe: Path, label: str, new_machine: bool = False,
+            server_per_run: bool = False) -> None:
     with tempfile.TemporaryDirectory(prefix="cached-rerun-") as tmp:
         work = Path(tmp)
-        first, report1 = run_once(recipe, work, "out1", new_machine)
-        second, report2 = run_once(recipe, work, "out2", new_machine)
+        env = {**os.environ, "ORCHESTRATOR_HOME": str(work / ".orchestrator"),
+               "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}"}
+        if new_machine:
+            env["PREFECT_HOME"] = str(work / "prefect-home")
+        if server_per_run:
+            env[IDLE_ENV] = "0"
+        try:
+            first, report1 = run_once(recipe, work, "out1", env)
+            second, report2 = run_once(recipe, work, "out2", env)
+        finally:  # the server the first run left for later runs: not for after this one
+            state = work / ".orchestrator" / STATE_FILE
+            if state.is_file():
+                os.kill(json.loads(state.read_text())["pid"], signal.SIGTERM)
     stages = [s for v in report2["variants"].values() for s in v["stages"]]
     cached = sum(s["cached"] for s in stages)
     stage_seconds = sum(s["seconds"] for v in report1["variants"].values()
                         for s in v["stages"])
-    label = "new machine" if new_machine else "warm machine"
-    print(f"{label:<14}{first:>10.2f}{second:>10.2f}{second / first:>8.2f}"
+    print(f"{label:<16}{first:>10.2f}{second:>10.2f}{second / first:>8.2f}"
           f"{stage_seconds:>12.2f}   {cached}/{len(stages)} cached")
 
 
 def main() -> None:
     recipe = Path(sys.argv[1] if len(sys.argv) > 1 else ROOT / "recipes" / "digits.yaml")
     print(f"recipe: {recipe}")
-    print(f"{'':<14}{'first s':>10}{'second s':>10}{'ratio':>8}{'stages s':>12}")
-    measure(recipe.resolve(), new_machine=False)
-    measure(recipe.resolve(), new_machine=True)
+    print(f"{'':<16}{'first s':>10}{'second s':>10}{'ratio':>8}{'stages s':>12}")
+    measure(recipe.resolve(), "warm machine")
+    measure(recipe.resolve(), "new machine", new_machine=True)
+    measure(recipe.resolve(), "server per run", server_per_run=True)
 
 
 if __name__ == "__main__":

@@ -112,30 +112,35 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from orchestrator import prefect_server
+    from orchestrator.progress import ConsoleProgress
+    from orchestrator.recipe import load_recipe
+    from orchestrator.runner import default_store, run_recipe
 
-    # first thing: the server boots in its own process (about 2.5 s) while we validate,
-    # load the model and import MLflow and Prefect
-    server = prefect_server.start_if_needed()
+    server = None
     try:
-        from orchestrator.progress import ConsoleProgress
-        from orchestrator.recipe import load_recipe
-        from orchestrator.runner import run_recipe
-
         loaded = load_recipe(args.recipe, args.set)
+        store = default_store()
+        # a server of an earlier run, or one booting in its own process (~2.5 s) while we
+        # load the model and import MLflow and Prefect
+        server = prefect_server.start_if_needed(store.root)
         total = sum(len(s) for s in loaded.stages.values())
         with ConsoleProgress(total) as progress:
             result = run_recipe(loaded, out_dir=args.output, variants=args.variant or None,
-                                use_cache=not args.no_cache, hooks=[progress],
+                                use_cache=not args.no_cache, store=store, hooks=[progress],
                                 before_flow=server.wait_ready if server else None,
                                 flow_heartbeats=server is None)
     except OrchestratorError as exc:
         return _error(exc)
     finally:
         if server is not None:
-            server.stop()
+            server.release()
     from orchestrator.report import print_summary
 
     print_summary(result.report, result.out_dir)
+    if server is not None and server.started_here and server.lingers:
+        print(f"Prefect server {server.api_url.removesuffix('/api')} is kept for later runs; "
+              f"it stops after {prefect_server.idle_seconds():.0f} s unused "
+              f"({prefect_server.IDLE_ENV}=0: one server per run)")
     if result.exit_code == 1:
         print("budget gate failed: some target has no variant within its budgets",
               file=sys.stderr)

@@ -1,0 +1,193 @@
+"""The local Prefect server that outlives a run: attach or start, lease, idle exit.
+
+Real servers (prefect_daemon in its own process), no mocks. Waits poll with generous
+deadlines: they wait for something to happen, they do not time it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator import prefect_server
+from orchestrator.errors import OrchestratorError
+from orchestrator.prefect_server import LEASE_FILE, STATE_FILE, LocalServer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def wait_for(condition: Callable[[], bool], what: str, deadline_s: float = 90.0) -> None:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if condition():
+            return
+        time.sleep(0.2)
+    pytest.fail(f"gave up waiting for {what}")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (exited, not yet reaped by its parent: us) counts as gone
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Iterator[Path]:
+    folder = tmp_path / ".orchestrator"
+    yield folder
+    state = prefect_server._read_state(folder)  # never leave a server behind
+    if state is not None and alive(int(state["pid"])):
+        os.kill(int(state["pid"]), 15)
+
+
+def start(home: Path, idle_s: float) -> LocalServer:
+    server = prefect_server._attach_or_start(home, idle_s)
+    server.wait_ready()
+    return server
+
+
+def test_second_run_attaches_and_server_exits_when_idle(home: Path) -> None:
+    first = start(home, idle_s=1.0)
+    assert first.started_here and first.lingers
+    state = json.loads((home / STATE_FILE).read_text())
+    assert state["pid"] == first.pid and state["api_url"] == first.api_url
+    assert prefect_server._server_version(first.api_url, 5) == state["prefect"]
+
+    second = start(home, idle_s=1.0)  # while the first still holds its lease
+    assert not second.started_here
+    assert (second.api_url, second.pid) == (first.api_url, first.pid)
+
+    first.release()
+    # the second run's lease keeps the server up well past its idle time
+    time.sleep(4.0)
+    assert alive(first.pid), "the server exited under an attached run"
+    assert (home / STATE_FILE).is_file()
+
+    second.release()
+    wait_for(lambda: not alive(first.pid), "the idle server to exit")
+    assert not (home / STATE_FILE).exists(), "an exited server left its record"
+
+    third = start(home, idle_s=1.0)  # a new server, since the last one is gone
+    assert third.started_here and third.pid != first.pid
+    third.release()
+
+
+def test_record_of_a_dead_server_is_replaced(home: Path) -> None:
+    home.mkdir(parents=True)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    identity = prefect_server._identity()
+    prefect_server._write_state(home, {"pid": dead.pid, "port": 9, "api_url":
+                                       "http://127.0.0.1:9/api", **identity})
+    server = start(home, idle_s=30.0)
+    try:
+        assert server.started_here and server.pid != dead.pid
+        assert json.loads((home / STATE_FILE).read_text())["pid"] == server.pid
+    finally:
+        server.release()
+
+
+def test_server_of_another_installation_is_not_reused(home: Path) -> None:
+    first = start(home, idle_s=30.0)
+    first.release()
+    state = json.loads((home / STATE_FILE).read_text())
+    prefect_server._write_state(home, {**state, "prefect": "0.0.1"})
+    second = start(home, idle_s=30.0)
+    try:
+        assert second.started_here and second.pid != first.pid
+    finally:
+        second.release()
+        os.kill(first.pid, 15)
+
+
+def test_lease_is_shared_and_blocks_an_exclusive_lock(home: Path) -> None:
+    server = start(home, idle_s=30.0)
+    try:
+        with open(home / LEASE_FILE, "a+") as probe:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)  # other runs may attach
+    finally:
+        server.release()
+    with open(home / LEASE_FILE, "a+") as probe:
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released with the run
+
+
+@pytest.mark.parametrize("raw", ["soon", "-5", "nan"])
+def test_bad_idle_setting_is_a_clear_error(raw: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(prefect_server.IDLE_ENV, raw)
+    with pytest.raises(OrchestratorError, match=prefect_server.IDLE_ENV) as caught:
+        prefect_server.idle_seconds()
+    assert caught.value.exit_code == 2
+
+
+def test_cli_reuses_the_server_and_per_run_mode_leaves_none(
+        digits_example: Path, tmp_path: Path) -> None:
+    """Two real `orchestrator run`s with no PREFECT_API_URL: the second attaches to the
+    server the first started and is all cache hits; with IDLE_S=0 no server outlives the
+    run."""
+    recipe = ROOT / "recipes" / "digits.yaml"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env.update(ORCHESTRATOR_HOME=str(tmp_path / ".orchestrator"),
+               MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}",
+               **{prefect_server.IDLE_ENV: "60"})
+
+    def run(out: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([sys.executable, "-m", "orchestrator", "run", str(recipe),
+                               "-o", str(tmp_path / out)], env={**env, **extra},
+                              cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done
+
+    home = tmp_path / ".orchestrator"
+    try:
+        first = run("out1")
+        assert "is kept for later runs" in first.stdout
+        pid = json.loads((home / STATE_FILE).read_text())["pid"]
+        second = run("out2")
+        assert "is kept for later runs" not in second.stdout
+        assert json.loads((home / STATE_FILE).read_text())["pid"] == pid
+        report = json.loads((tmp_path / "out2" / "report.json").read_text())
+        stages = [s for v in report["variants"].values() for s in v["stages"]]
+        assert stages and all(s["cached"] for s in stages)
+    finally:
+        state = prefect_server._read_state(home)
+        if state is not None:
+            os.kill(int(state["pid"]), 15)
+    wait_for(lambda: not alive(pid), "the server to stop on SIGTERM")
+    assert not (home / STATE_FILE).exists(), "a server stopped by a signal left its record"
+
+    third = run("out3", **{prefect_server.IDLE_ENV: "0"})
+    assert "is kept" not in third.stdout
+    assert not (home / STATE_FILE).exists()
+    wait_for(lambda: not servers_of(home), "the per-run server to stop")
+
+
+def servers_of(home: Path) -> list[int]:
+    """Live prefect_daemon processes serving `home`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"orchestrator.prefect_daemon" in argv and str(home).encode() in argv \
+                and alive(int(proc.name)):
+            found.append(int(proc.name))
+    return found
