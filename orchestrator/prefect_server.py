@@ -16,6 +16,7 @@ attached run; the server exits only when it can lock it exclusively, see prefect
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import socket
@@ -81,6 +82,14 @@ def _server_version(api_url: str, timeout: float) -> str | None:
         return None
 
 
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
+
+
 @contextmanager
 def _locked(path: Path) -> Iterator[None]:
     with open(path, "a+") as handle:
@@ -114,8 +123,13 @@ def forget_server(home: Path, pid: int) -> None:
 
 
 def _identity() -> dict[str, str]:
-    """What a server must share with this run to be reused."""
-    return {"prefect": version("prefect"), "python": sys.executable}
+    """What a server must share with this run to be reused: the same installation, and
+    the same Prefect database."""
+    return {"prefect": version("prefect"), "python": sys.executable,
+            "prefect_home": os.environ.get("PREFECT_HOME", ""),
+            # hashed: the URL may hold a password, and this goes to a file
+            "database": hashlib.sha256(os.environ.get(
+                "PREFECT_API_DATABASE_CONNECTION_URL", "").encode()).hexdigest()[:16]}
 
 
 @dataclass
@@ -136,7 +150,7 @@ class LocalServer:
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"Prefect's local server exited: {self._log_tail()}")
-            if _server_version(self.api_url, timeout=2) is not None:
+            if _answers(f"{self.api_url}/health"):
                 return
             time.sleep(0.05)
         raise RuntimeError(f"Prefect's local server did not start in {timeout:.0f} s: "

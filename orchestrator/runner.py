@@ -139,16 +139,21 @@ def run_recipe(loaded: LoadedRecipe, out_dir: Path | None = None,
     server it started); `flow_heartbeats=False` when that server ends with this run."""
     from orchestrator import flows
     from orchestrator.report import build_report, write_outputs
-    from orchestrator.tracking import MlflowTracker
+    from orchestrator.tracking_client import TrackingClient, TrackingError
 
     store = store or default_store()
-    plan, data, devices = prepare(loaded, variants, store, use_cache)
-    if not store.has_model(plan.source_key) or not use_cache:
-        store.put(plan.source_key, StoredResult(facts=model_facts(data.source)),
-                  data.source, {}, replace=not use_cache)
+    # first: the tracking worker imports MLflow on the other core while we load the model
+    tracker = TrackingClient(tracking_uri)
+    try:
+        plan, data, devices = prepare(loaded, variants, store, use_cache)
+        if not store.has_model(plan.source_key) or not use_cache:
+            store.put(plan.source_key, StoredResult(facts=model_facts(data.source)),
+                      data.source, {}, replace=not use_cache)
+    except BaseException:
+        tracker.close()  # before `start`: it ends without creating any MLflow run
+        raise
     out_dir = (out_dir or Path("out") / loaded.recipe.name).resolve()
-    tracker = MlflowTracker(tracking_uri)
-    run_id = tracker.start(plan, versions())
+    tracker.start(plan, versions())
     all_hooks = [*(hooks or []), tracker]
     from orchestrator.guard import apply_guard
 
@@ -159,19 +164,21 @@ def run_recipe(loaded: LoadedRecipe, out_dir: Path | None = None,
         flows.import_prefect()  # while the CLI's server may still be booting
         if before_flow is not None:
             before_flow()
+        tracker.check()  # a tracking URI that fails fails before the flow, when it can
         outcomes, trials = flows.run_plan(plan, data, devices, all_hooks, use_cache=use_cache,
                                           after_pipeline=guard, heartbeats=flow_heartbeats)
         wanted = variants or list(loaded.recipe.pipelines)
-        report = build_report(plan, data, outcomes, devices, wanted, run_id)
+        report = build_report(plan, data, outcomes, devices, wanted, tracker.run_id)
         for name, table in trials.items():
             if table is not None and name in report["variants"]:
                 report["variants"][name]["trials"] = table
         write_outputs(out_dir, plan, data, outcomes, report)
-    except BaseException:
+    except BaseException as exc:
         try:
             tracker.finish(None, None, loaded.path, failed=True)
-        except Exception:  # noqa: BLE001  (the run's own error is the one to report)
-            log.exception("MLflow tracking failed too")
+        except Exception as tracking_exc:  # noqa: BLE001  (the run's own error is reported)
+            if not isinstance(exc, TrackingError):  # else it is that same failure
+                log.warning("MLflow could not record the failed run either: %s", tracking_exc)
         # a report from an earlier run must not pass for this failed one (CI gates read it)
         (out_dir / "report.json").unlink(missing_ok=True)
         raise

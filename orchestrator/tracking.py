@@ -1,21 +1,31 @@
-"""MLflow tracking as a hook: the only module that imports mlflow.
+"""MLflow tracking, in a process of its own: the only module that imports mlflow.
 
-One parent run per recipe run, one nested run per pipeline. Stages return metrics; this
-module logs them after each node. It uses MlflowClient with explicit run ids, so it works
-from Prefect's task threads without MLflow's thread-local active-run stack.
+Importing MLflow costs about 1.5 s of CPU, as much as a cached re-run has work. So each run
+starts `python -m orchestrator.tracking` first thing (tracking_client.TrackingClient), which
+imports MLflow on the other core while the run loads the model and runs its flow, and sends
+it plain JSON lines, one per event. This worker logs one parent run per recipe run, one
+nested run per pipeline and one per guard trial, through MlflowClient with explicit run ids.
+
+Protocol (one JSON object per line): in on stdin, ops `start`, `node_end`, `node_error`,
+`trial`, `finish`; out on the original stdout, `started` (with the run id), `finished`, or
+`error` (after which the worker stops). Secret-looking keys are dropped before they leave
+the run's process (tracking_client); a worker whose input ends before `finish` (the run
+died) marks its runs FAILED.
 """
 
 from __future__ import annotations
 
+import gc
+import json
 import os
 import re
+import signal
 import subprocess
+import sys
+import traceback
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-from orchestrator.executor import NodeOutcome
-from orchestrator.plan import Node, Plan
 
 # Keys that look like secrets are never logged, whatever the recipe holds.
 _SECRET = re.compile(r"(key|secret|password|passwd|token|credential)", re.IGNORECASE)
@@ -77,21 +87,21 @@ def _metric_key(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_\-. /]", "_", name)
 
 
-def _numbers(values: Mapping[str, Any]) -> dict[str, float]:
+def numeric_values(values: Mapping[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in values.items()
             if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
-class MlflowTracker:
-    """The MLflow hook. `start` before the flow, hooks during, `finish` after."""
+class MlflowLogger:
+    """Turns the protocol's messages into MLflow calls."""
 
-    def __init__(self, tracking_uri: str | None = None) -> None:
+    def __init__(self, tracking_uri: str, local_default: bool) -> None:
         from mlflow.tracking import MlflowClient
 
         # our own default store (not a shared server): artifacts go under mlruns/artifacts
-        self.local_default = tracking_uri is None and not os.environ.get("MLFLOW_TRACKING_URI")
-        self.tracking_uri = tracking_uri or default_tracking_uri()
-        self.client = MlflowClient(self.tracking_uri)
+        self.local_default = local_default
+        self.tracking_uri = tracking_uri
+        self.client = MlflowClient(tracking_uri)
         self.parent_run_id: str | None = None
         self.pipeline_runs: dict[str, str] = {}
         self.experiment_id: str | None = None
@@ -106,89 +116,86 @@ class MlflowTracker:
             location = (db.parent / "artifacts").resolve().as_uri()
         return self.client.create_experiment(name, artifact_location=location)
 
-    def start(self, plan: Plan, versions: Mapping[str, str]) -> str:
+    def start(self, message: Mapping[str, Any]) -> str:
         """Create the parent run and one nested run per pipeline; log params."""
         from mlflow.entities import Param, RunTag
 
-        loaded = plan.recipe
-        self.experiment_id = self._experiment(loaded.recipe.name)
-        parent = self.client.create_run(self.experiment_id, run_name=loaded.recipe.name,
-                                        tags={"orchestrator.recipe": str(loaded.path)})
+        name = message["recipe_name"]
+        self.experiment_id = self._experiment(name)
+        parent = self.client.create_run(self.experiment_id, run_name=name,
+                                        tags={"orchestrator.recipe": message["recipe_path"]})
         self.parent_run_id = parent.info.run_id
-        params = {f"recipe.{k}": v for k, v in flatten(loaded.raw).items()}
-        params.update({f"version.{k}": v for k, v in versions.items()})
-        commit = git_commit(loaded.path)
+        params = dict(message["params"])
+        commit = git_commit(Path(message["recipe_path"]))
         params["recipe_git_commit"] = commit or "none"
         items = [Param(k[:250], v) for k, v in sorted(params.items())]
         for start in range(0, len(items), 100):
             self.client.log_batch(self.parent_run_id, params=items[start:start + 100])
-        for name in plan.pipelines:
+        for pipeline in message["pipelines"]:
             run = self.client.create_run(
-                self.experiment_id, run_name=name,
-                tags={"mlflow.parentRunId": self.parent_run_id, "orchestrator.pipeline": name})
-            self.pipeline_runs[name] = run.info.run_id
-            source = loaded.recipe.pipelines[name].from_
+                self.experiment_id, run_name=pipeline["name"],
+                tags={"mlflow.parentRunId": self.parent_run_id,
+                      "orchestrator.pipeline": pipeline["name"]})
+            self.pipeline_runs[pipeline["name"]] = run.info.run_id
             self.client.log_batch(run.info.run_id, params=[
-                Param("pipeline", name), Param("from", source or "model"),
-                Param("stages", ", ".join(n.stage for n in plan.pipelines[name]))],
-                tags=[RunTag("orchestrator.recipe_name", loaded.recipe.name)])
+                Param("pipeline", pipeline["name"]), Param("from", pipeline["from"]),
+                Param("stages", pipeline["stages"])],
+                tags=[RunTag("orchestrator.recipe_name", name)])
         return self.parent_run_id
 
-    def on_node_end(self, outcome: NodeOutcome) -> None:
+    def node_end(self, message: Mapping[str, Any]) -> None:
         from mlflow.entities import Metric
 
-        node = outcome.node
-        run_id = self.pipeline_runs.get(node.pipeline)
-        if run_id is None or node.trial is not None:
-            return  # guard trials are logged to their own nested runs (log_trial)
-        import time
-
-        now = int(time.time() * 1000)
-        metrics = [Metric(_metric_key(f"{node.stage}.{k}"), v, now, node.index)
-                   for k, v in _numbers(outcome.metrics).items()]
-        metrics.append(Metric(_metric_key(f"seconds.{node.stage}"), outcome.seconds, now,
-                              node.index))
+        run_id = self.pipeline_runs.get(message["pipeline"])
+        if run_id is None:
+            return
+        stage, step, at = message["stage"], message["index"], message["time_ms"]
+        metrics = [Metric(_metric_key(f"{stage}.{k}"), v, at, step)
+                   for k, v in numeric_values(message["metrics"]).items()]
+        metrics.append(Metric(_metric_key(f"seconds.{stage}"), message["seconds"], at, step))
         self.client.log_batch(run_id, metrics=metrics)
 
-    def on_node_error(self, node: Node, error: BaseException) -> None:
-        run_id = self.pipeline_runs.get(node.pipeline)
+    def node_error(self, message: Mapping[str, Any]) -> None:
+        run_id = self.pipeline_runs.get(message["pipeline"])
         if run_id is not None:
-            self.client.set_tag(run_id, "orchestrator.failed_stage", node.id)
+            self.client.set_tag(run_id, "orchestrator.failed_stage", message["node_id"])
 
-    def log_trial(self, pipeline: str, trial: Mapping[str, Any]) -> str:
+    def trial(self, message: Mapping[str, Any]) -> None:
         """A nested run (under the pipeline's run) for one accuracy-guard trial."""
         from mlflow.entities import Metric, Param
 
+        pipeline, trial = message["pipeline"], message["trial"]
         parent = self.pipeline_runs.get(pipeline, self.parent_run_id)
         run = self.client.create_run(
             self.experiment_id, run_name=f"{pipeline}-trial-{trial.get('trial')}",
             tags={"mlflow.parentRunId": parent, "orchestrator.trial": "true"})
         settings = flatten(trial.get("settings", {}))
+        metrics = numeric_values(trial.get("metrics", {}))
         self.client.log_batch(run.info.run_id,
                               params=[Param(k, v) for k, v in settings.items()],
-                              metrics=[Metric(k, v, 0, 0)
-                                       for k, v in _numbers(trial.get("metrics", {})).items()])
+                              metrics=[Metric(k, v, 0, 0) for k, v in metrics.items()])
         self.client.set_terminated(run.info.run_id, "FINISHED")
-        return run.info.run_id
 
-    def finish(self, report: Mapping[str, Any] | None, out_dir: Path | None,
-               recipe_path: Path, failed: bool = False) -> None:
+    def finish(self, message: Mapping[str, Any]) -> None:
         """Log variant metrics, models, the recipe and report.json; close the runs."""
         from mlflow.entities import Metric
 
-        assert self.parent_run_id is not None
-        status = "FAILED" if failed else "FINISHED"
-        self.client.log_artifact(self.parent_run_id, str(recipe_path), "recipe")
+        if self.parent_run_id is None:
+            return
+        report = message.get("report")
+        out_dir = Path(message["out_dir"]) if message.get("out_dir") else None
+        status = "FAILED" if message.get("failed") else "FINISHED"
+        self.client.log_artifact(self.parent_run_id, message["recipe_path"], "recipe")
         if report is not None:
             for name, variant in report.get("variants", {}).items():
                 run_id = self.pipeline_runs.get(name)
                 if run_id is None:
                     continue
-                values = _numbers({k: variant.get(k) for k in (
+                values = numeric_values({k: variant.get(k) for k in (
                     "size_bytes", "gzip_size_bytes", "params", "flops", "accuracy",
                     "accuracy_drop", "fidelity")})
-                values.update({f"latency_{k}_ms": v for k, v in
-                               _numbers(variant.get("latency_ms") or {}).items() if k != "count"})
+                latency = numeric_values(variant.get("latency_ms") or {})
+                values.update({f"latency_{k}_ms": v for k, v in latency.items() if k != "count"})
                 for target, result in (variant.get("targets") or {}).items():
                     if result.get("est_latency_ms") is not None:
                         values[f"est_latency_ms.{target}"] = float(result["est_latency_ms"])
@@ -201,7 +208,69 @@ class MlflowTracker:
                 self.client.set_tag(self.parent_run_id, f"selected.{target}", str(variant))
             if out_dir is not None and (out_dir / "report.json").is_file():
                 self.client.log_artifact(self.parent_run_id, str(out_dir / "report.json"))
+        self.close(status)
+
+    def close(self, status: str) -> None:
         for run_id in self.pipeline_runs.values():
             self.client.set_terminated(run_id, status)
-        self.client.set_terminated(self.parent_run_id, status)
+        if self.parent_run_id is not None:
+            self.client.set_terminated(self.parent_run_id, status)
+        self.parent_run_id = None
 
+
+def serve(inbox: Any, outbox: Any) -> int:
+    """The worker loop: one message per line of `inbox`, replies on `outbox`."""
+
+    def reply(message: dict[str, Any]) -> None:
+        try:
+            outbox.write(json.dumps(message) + "\n")
+            outbox.flush()
+        except OSError:  # the run is gone and no longer listens
+            pass
+
+    logger: MlflowLogger | None = None
+    try:
+        for line in inbox:
+            message = json.loads(line)
+            op = message["op"]
+            if op == "start":
+                logger = MlflowLogger(message["tracking_uri"], message["local_default"])
+                reply({"op": "started", "run_id": logger.start(message)})
+            elif logger is None:
+                raise RuntimeError(f"{op!r} before 'start'")
+            elif op == "node_end":
+                logger.node_end(message)
+            elif op == "node_error":
+                logger.node_error(message)
+            elif op == "trial":
+                logger.trial(message)
+            elif op == "finish":
+                logger.finish(message)
+                reply({"op": "finished"})
+                return 0
+            else:
+                raise RuntimeError(f"unknown op {op!r}")
+    except Exception as exc:  # noqa: BLE001  (reported to the run, which decides)
+        reply({"op": "error", "message": f"{type(exc).__name__}: {exc}",
+               "traceback": traceback.format_exc()})
+        return 1
+    if logger is not None:  # the run ended without `finish`: it died
+        logger.close("FAILED")
+    return 0
+
+
+def main() -> int:
+    # Ctrl-C reaches the whole process group; the run decides how its tracking ends
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # the run and a booting Prefect server come first: MLflow has until the flow ends
+    os.nice(10)
+    # replies go to the original stdout; anything MLflow prints goes to stderr instead
+    outbox = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    return serve(sys.stdin, outbox)
+
+
+if __name__ == "__main__":
+    code = main()
+    gc.freeze()  # no collector passes over MLflow's heap at exit (see cli.console_main)
+    raise SystemExit(code)

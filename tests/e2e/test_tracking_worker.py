@@ -1,0 +1,102 @@
+"""MLflow in its own process (orchestrator.tracking), as runs use it: failures are clear
+errors, and runs that fail or die are marked FAILED in MLflow."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.plan import build_plan
+from orchestrator.recipe import load_recipe
+from orchestrator.tracking_client import TrackingClient, TrackingError
+
+ROOT = Path(__file__).resolve().parents[2]
+DIGITS_RECIPE = ROOT / "recipes" / "digits.yaml"
+
+pytestmark = pytest.mark.slow
+
+
+def mlflow_client(workspace: Path):  # noqa: ANN201
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(f"sqlite:///{workspace / 'mlruns' / 'mlflow.db'}")
+
+
+def test_bad_tracking_uri_exits_2_and_keeps_the_stage_results(
+        digits_example: Path, workspace: Path, prefect_server: None,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    good_uri = f"sqlite:///{workspace / 'mlruns' / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "bogus://user:pa55word@nowhere")
+    code = main(["run", str(DIGITS_RECIPE), "--variant", "fp32", "-o", str(workspace / "out")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "MLFLOW_TRACKING_URI" in err and "bogus://***@nowhere" in err
+    assert "pa55word" not in err and "Traceback" not in err
+    assert not (workspace / "out").exists()
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", good_uri)
+    # 1: fp32 alone is over the phone's 1 MB budget; the run itself went through
+    assert main(["run", str(DIGITS_RECIPE), "--variant", "fp32",
+                 "-o", str(workspace / "out")]) == 1
+    report = json.loads((workspace / "out" / "report.json").read_text())
+    stages = report["variants"]["fp32"]["stages"]
+    assert stages and all(stage["cached"] for stage in stages)
+    assert mlflow_client(workspace).get_run(report["mlflow_run_id"]).info.status == "FINISHED"
+
+
+def test_failed_stage_marks_the_mlflow_runs_failed(
+        digits_example: Path, workspace: Path, prefect_server: None,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    recipe = workspace / "recipe.yaml"
+    recipe.write_text(
+        f"version: 1\nname: fails\nmodel:\n  path: {digits_example / 'saved_model'}\n"
+        "pipelines:\n  fp32:\n    stages: [freeze, {transform: {transforms: 'no_such'}}]\n")
+    assert main(["run", str(recipe), "-o", str(workspace / "out")]) == 3
+    client = mlflow_client(workspace)
+    experiment = client.get_experiment_by_name("fails")
+    runs = {run.info.run_name: run for run in client.search_runs([experiment.experiment_id])}
+    assert set(runs) == {"fails", "fp32"}
+    assert {run.info.status for run in runs.values()} == {"FAILED"}
+    assert runs["fp32"].data.tags["orchestrator.failed_stage"] == "fp32/1:transform"
+    assert runs["fp32"].data.metrics["seconds.freeze"] >= 0  # logged before the failure
+
+
+def small_plan(digits_example: Path, workspace: Path):  # noqa: ANN201
+    recipe = workspace / "recipe.yaml"
+    recipe.write_text(f"version: 1\nname: direct\nmodel:\n  path: "
+                      f"{digits_example / 'saved_model'}\npipelines:\n  fp32:\n"
+                      "    stages: [freeze]\n")
+    return build_plan(load_recipe(recipe), None, {})
+
+
+def test_a_worker_that_dies_is_a_tracking_error(digits_example: Path,
+                                                workspace: Path) -> None:
+    client = TrackingClient()
+    client.process.send_signal(signal.SIGKILL)  # while it still imports MLflow
+    client.start(small_plan(digits_example, workspace), {"orchestrator": "test"})
+    with pytest.raises(TrackingError, match="exited with code -9") as caught:
+        client.run_id  # noqa: B018
+    assert caught.value.exit_code == 2
+    with pytest.raises(TrackingError):
+        client.finish(None, None, workspace / "recipe.yaml", failed=True)
+    assert client.process.poll() is not None
+
+
+def test_a_run_that_ends_without_finish_leaves_failed_runs(digits_example: Path,
+                                                           workspace: Path) -> None:
+    client = TrackingClient()
+    client.start(small_plan(digits_example, workspace), {"orchestrator": "test"})
+    run_id = client.run_id
+    client.close()  # as when the run's process dies: the worker's input ends
+    assert client.process.returncode == 0
+    mlflow = mlflow_client(workspace)
+    parent = mlflow.get_run(run_id)
+    assert parent.info.status == "FAILED"
+    assert parent.data.params["version.orchestrator"] == "test"
+    children = mlflow.search_runs([parent.info.experiment_id],
+                                  f"tags.mlflow.parentRunId = '{run_id}'")
+    assert [run.info.status for run in children] == ["FAILED"]
