@@ -230,6 +230,10 @@ def serve(inbox: Any, outbox: Any) -> int:
 
     logger: MlflowLogger | None = None
     try:
+        # now, not at `start`: the run sends that only once its model is loaded
+        import mlflow.tracking  # noqa: F401
+        from mlflow.store.tracking import sqlalchemy_store  # noqa: F401  (the default store)
+
         for line in inbox:
             message = json.loads(line)
             op = message["op"]
