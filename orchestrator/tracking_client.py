@@ -2,8 +2,9 @@
 
 The worker starts with the hook, imports MLflow on the other core and logs as messages
 arrive; nothing here waits for it until `run_id` (for the report) and `finish`. A worker
-that fails is reported once, at those points, as a TrackingError (exit 2) naming the
-tracking URI: the run's stage results stay cached, so a re-run with the URI fixed is quick.
+that fails is reported as a TrackingError (exit 2) naming the tracking URI: before the flow
+when its error is already there (`check`), else at those points, with the stage results of
+the run cached for the next one.
 """
 
 from __future__ import annotations
