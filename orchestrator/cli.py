@@ -134,13 +134,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             server.release()
+            if server.started_here and server.lingers:  # say so, however the run ended
+                print(f"Prefect server {server.api_url.removesuffix('/api')} is kept for "
+                      f"later runs; it stops after {prefect_server.idle_seconds():.0f} s "
+                      f"unused ({prefect_server.IDLE_ENV}=0: one server per run)",
+                      file=sys.stderr)
     from orchestrator.report import print_summary
 
     print_summary(result.report, result.out_dir)
-    if server is not None and server.started_here and server.lingers:
-        print(f"Prefect server {server.api_url.removesuffix('/api')} is kept for later runs; "
-              f"it stops after {prefect_server.idle_seconds():.0f} s unused "
-              f"({prefect_server.IDLE_ENV}=0: one server per run)")
     if result.exit_code == 1:
         print("budget gate failed: some target has no variant within its budgets",
               file=sys.stderr)

@@ -58,8 +58,9 @@ def run_plan(plan: Plan, data: RunData, devices: dict[str, Any], hooks: Sequence
     `from:` children are then re-planned from the new model before they run.
     Raises the first StageError (after the hooks saw it); completed nodes stay cached.
 
-    `heartbeats=False` is for a server that lives only as long as this run: heartbeats
-    let a lasting server notice crashed runs, and stopping their thread costs up to 1 s."""
+    `heartbeats=False` is for our own local server: it runs no background services, so
+    nothing there would read them (a full Prefect server uses them to notice crashed
+    runs), and stopping their thread at the end of the flow costs up to 1 s."""
     import_prefect()
     import logging
 

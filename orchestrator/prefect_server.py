@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -34,6 +35,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from orchestrator.errors import OrchestratorError
+
+log = logging.getLogger("orchestrator")
 
 STATE_FILE = "prefect-server.json"
 LOCK_FILE = "prefect-server.lock"
@@ -122,14 +125,44 @@ def forget_server(home: Path, pid: int) -> None:
             (home / STATE_FILE).unlink(missing_ok=True)
 
 
+# set per process, or by us: not what makes two servers different
+_NOT_IDENTITY = ("PREFECT_API_URL", "PREFECT_CLIENT_", "PREFECT_LOGGING_")
+
+
 def _identity() -> dict[str, str]:
-    """What a server must share with this run to be reused: the same installation, and
-    the same Prefect database."""
+    """What a server must share with this run to be reused: the same installation and the
+    same Prefect settings (PREFECT_HOME, database URL...), hashed with any URL credentials
+    redacted first, as this goes to a file."""
+    from orchestrator.tracking import redact
+
+    settings = sorted(f"{k}={redact(v)}" for k, v in os.environ.items()
+                      if k.startswith("PREFECT_") and not k.startswith(_NOT_IDENTITY))
     return {"prefect": version("prefect"), "python": sys.executable,
-            "prefect_home": os.environ.get("PREFECT_HOME", ""),
-            # hashed: the URL may hold a password, and this goes to a file
-            "database": hashlib.sha256(os.environ.get(
-                "PREFECT_API_DATABASE_CONNECTION_URL", "").encode()).hexdigest()[:16]}
+            "settings": hashlib.sha256("\n".join(settings).encode()).hexdigest()[:16]}
+
+
+class PrefectServerError(OrchestratorError):
+    """The local Prefect server could not start or stopped answering."""
+
+
+def _is_our_daemon(pid: int, port: int) -> bool:
+    """pid is alive and is a prefect_daemon on `port` (not a process that reused the pid)."""
+    if not _pid_alive(pid):
+        return False
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:  # no /proc (macOS): a live pid whose port answers as Prefect will do
+        return _server_version(f"http://127.0.0.1:{port}/api", timeout=2) is not None
+    return b"orchestrator.prefect_daemon" in argv and str(port).encode() in argv
+
+
+def _touch(path: Path) -> None:
+    """Runs mark the lease when they attach and leave: the server's idle time counts from
+    the last mark, even for runs shorter than its polling interval."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
 
 
 @dataclass
@@ -140,33 +173,41 @@ class LocalServer:
     pid: int
     lingers: bool  # outlives this run (idle timeout); else stopped by release()
     started_here: bool
+    log_path: Path | None = None
     process: subprocess.Popen[bytes] | None = None
     log: IO[bytes] | None = None
     lease: IO[str] | None = field(default=None, repr=False)
 
     def wait_ready(self, timeout: float = 120.0) -> None:
-        """Block until the server answers; RuntimeError if it died or timed out."""
+        """Block until the server answers; PrefectServerError if it died or timed out."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(f"Prefect's local server exited: {self._log_tail()}")
+            if (self.process.poll() is not None if self.process is not None
+                    else not _pid_alive(self.pid)):
+                raise self._error("exited")
             if _answers(f"{self.api_url}/health"):
                 return
             time.sleep(0.05)
-        raise RuntimeError(f"Prefect's local server did not start in {timeout:.0f} s: "
-                           f"{self._log_tail()}")
+        raise self._error(f"did not answer in {timeout:.0f} s")
 
-    def _log_tail(self) -> str:
-        if self.log is None:
-            return "(no log)"
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read().decode(errors="replace")[-2000:] or "(empty log)"
+    def _error(self, what: str) -> PrefectServerError:
+        tail = ""
+        if self.log is not None:
+            self.log.flush()
+            self.log.seek(0)
+            tail = self.log.read().decode(errors="replace").strip()[-1500:]
+        where = f" (log: {self.log_path})" if self.log_path else ""
+        return PrefectServerError(
+            f"Prefect's local server at {self.api_url} {what}{where}"
+            + (f":\n{tail}\n" if tail else ". ")
+            + f"Run again to start a new one, set {IDLE_ENV}=0 for a server per run, or "
+            "PREFECT_API_URL to use a server of your own.")
 
     def release(self) -> None:
         """Detach this run. A server of this run alone is asked to stop; its graceful
         shutdown (~0.2 s) finishes on its own, as nothing of the run depends on it."""
         if self.lease is not None:
+            _touch(Path(self.lease.name))
             self.lease.close()  # drops the shared lock
             self.lease = None
         if not self.lingers and self.process is not None:
@@ -175,6 +216,8 @@ class LocalServer:
         if self.log is not None:
             self.log.close()
             self.log = None
+        # this process may run again (embedding, notebooks): not with a stale address
+        os.environ.pop("PREFECT_API_URL", None)
 
 
 def _spawn(home: Path, idle_s: float, log: IO[bytes]) -> tuple[subprocess.Popen[bytes], int]:
@@ -185,7 +228,7 @@ def _spawn(home: Path, idle_s: float, log: IO[bytes]) -> tuple[subprocess.Popen[
     env.pop("PREFECT_API_URL", None)
     process = subprocess.Popen(
         [sys.executable, "-m", "orchestrator.prefect_daemon", "--port", str(port),
-         "--idle", str(idle_s), "--home", str(home)],
+         "--idle", str(idle_s), "--home", str(home), "--parent", str(os.getpid())],
         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
         # a lingering server must not get the terminal's Ctrl-C meant for this run
         start_new_session=idle_s > 0)
@@ -198,19 +241,21 @@ def _attach_or_start(home: Path, idle_s: float) -> LocalServer:
     lease = open(home / LEASE_FILE, "a+")  # noqa: SIM115  (held for the whole run)
     try:
         fcntl.flock(lease, fcntl.LOCK_SH)
+        _touch(home / LEASE_FILE)
         with _locked(home / LOCK_FILE):
             state = _read_state(home)
             identity = _identity()
             if (state is not None and all(state.get(k) == v for k, v in identity.items())
-                    and _pid_alive(int(state.get("pid", 0)))
-                    and _server_version(state["api_url"], timeout=2) == identity["prefect"]):
+                    and _is_our_daemon(int(state.get("pid", 0)), int(state.get("port", 0)))):
+                # up, or still booting for a run that started it a moment ago
                 return LocalServer(api_url=state["api_url"], pid=int(state["pid"]),
-                                   lingers=True, started_here=False, lease=lease)
+                                   lingers=True, started_here=False,
+                                   log_path=home / LOG_FILE, lease=lease)
             log = open(home / LOG_FILE, "w+b")  # noqa: SIM115  (the server's stderr)
             process, port = _spawn(home, idle_s, log)
             server = LocalServer(api_url=f"http://127.0.0.1:{port}/api", pid=process.pid,
-                                 lingers=True, started_here=True, process=process, log=log,
-                                 lease=lease)
+                                 lingers=True, started_here=True, log_path=home / LOG_FILE,
+                                 process=process, log=log, lease=lease)
             _write_state(home, {"pid": process.pid, "port": port,
                                 "api_url": server.api_url, "started": time.time(),
                                 "idle_s": idle_s, **identity})
@@ -218,6 +263,14 @@ def _attach_or_start(home: Path, idle_s: float) -> LocalServer:
     except BaseException:
         lease.close()
         raise
+
+
+def _start_for_this_run(home: Path) -> LocalServer:
+    # a file, not a pipe: a chatty server must never block on a full pipe
+    log = tempfile.TemporaryFile()  # noqa: SIM115
+    process, port = _spawn(home, 0, log)
+    return LocalServer(api_url=f"http://127.0.0.1:{port}/api", pid=process.pid,
+                       lingers=False, started_here=True, process=process, log=log)
 
 
 def start_if_needed(home: Path) -> LocalServer | None:
@@ -230,13 +283,14 @@ def start_if_needed(home: Path) -> LocalServer | None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # the server is this very installation: checking its API version costs a round trip
     os.environ.setdefault("PREFECT_CLIENT_SERVER_VERSION_CHECK_ENABLED", "false")
+    server = None
     if idle_s > 0:
-        server = _attach_or_start(home, idle_s)
-    else:
-        # a file, not a pipe: a chatty server must never block on a full pipe
-        log = tempfile.TemporaryFile()  # noqa: SIM115
-        process, port = _spawn(home, 0, log)
-        server = LocalServer(api_url=f"http://127.0.0.1:{port}/api", pid=process.pid,
-                             lingers=False, started_here=True, process=process, log=log)
+        try:
+            server = _attach_or_start(home, idle_s)
+        except OSError as exc:  # no file locks here (some network file systems)
+            log.warning("cannot share a Prefect server through %s (%s): starting one for "
+                        "this run only", home, exc)
+    if server is None:
+        server = _start_for_this_run(home)
     os.environ["PREFECT_API_URL"] = server.api_url
     return server

@@ -136,7 +136,7 @@ def run_recipe(loaded: LoadedRecipe, out_dir: Path | None = None,
     """Run a validated recipe. Raises OrchestratorError subclasses for exit codes 2 and 3.
 
     `before_flow` runs just before the flow starts (the CLI waits there for the Prefect
-    server it started); `flow_heartbeats=False` when that server ends with this run."""
+    server it started); `flow_heartbeats=False` with that server (see flows.run_plan)."""
     from orchestrator import flows
     from orchestrator.report import build_report, write_outputs
     from orchestrator.tracking_client import TrackingClient, TrackingError
@@ -173,6 +173,7 @@ def run_recipe(loaded: LoadedRecipe, out_dir: Path | None = None,
             if table is not None and name in report["variants"]:
                 report["variants"][name]["trials"] = table
         write_outputs(out_dir, plan, data, outcomes, report)
+        tracker.finish(report, out_dir, loaded.path)
     except BaseException as exc:
         try:
             tracker.finish(None, None, loaded.path, failed=True)
@@ -182,6 +183,5 @@ def run_recipe(loaded: LoadedRecipe, out_dir: Path | None = None,
         # a report from an earlier run must not pass for this failed one (CI gates read it)
         (out_dir / "report.json").unlink(missing_ok=True)
         raise
-    tracker.finish(report, out_dir, loaded.path)
     missing = [t for t, v in report["selected"].items() if v is None]
     return RunResult(report=report, out_dir=out_dir, exit_code=1 if missing else 0)

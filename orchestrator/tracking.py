@@ -41,8 +41,9 @@ def default_tracking_uri(root: Path | None = None) -> str:
     return f"sqlite:///{(folder / 'mlflow.db').resolve()}"
 
 
-# user:password@ after a scheme; a password may hold '/' (cloud secret keys do)
-_URL_CREDENTIALS = re.compile(r"(?<=://)[^/@\s:]+:[^@\s]+@")
+# user:password@, :token@ or token@ after a scheme; a password may hold '/' (cloud secret
+# keys do)
+_URL_CREDENTIALS = re.compile(r"(?<=://)(?:[^/@\s:]*:[^@\s]*|[^/@\s:]+)@")
 
 
 def redact(value: str) -> str:
@@ -257,6 +258,11 @@ def serve(inbox: Any, outbox: Any) -> int:
     except Exception as exc:  # noqa: BLE001  (reported to the run, which decides)
         reply({"op": "error", "message": f"{type(exc).__name__}: {exc}",
                "traceback": traceback.format_exc()})
+        if logger is not None:  # runs must not stay RUNNING; this may fail the same way
+            try:
+                logger.close("FAILED")
+            except Exception:  # noqa: BLE001, S110
+                pass
         return 1
     if logger is not None:  # the run ended without `finish`: it died
         logger.close("FAILED")

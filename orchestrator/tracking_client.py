@@ -40,11 +40,15 @@ class TrackingClient:
         self.tracking_uri = tracking_uri or default_tracking_uri()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "orchestrator.tracking"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, text=True, encoding="utf-8")
+            stdout=subprocess.PIPE, text=True, encoding="utf-8",
+            # MLflow prints "View run at <tracking URI>", credentials and all
+            env={**os.environ, "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"})
+        self._started = False
         self._run_id: str | None = None
         self._error: str | None = None  # why the worker failed, once known
         self._broken = False  # it stopped reading: what it says last tells why
         self._finished = False
+        self._closed = False
         self._lock = threading.Lock()
 
     # --- the protocol
@@ -52,7 +56,7 @@ class TrackingClient:
     def _send(self, message: dict[str, Any]) -> None:
         line = json.dumps(message, default=str) + "\n"
         with self._lock:  # hooks may be called from Prefect's task threads
-            if self._broken or self.process.stdin is None:
+            if self._broken or self._closed or self.process.stdin is None:
                 return
             try:
                 self.process.stdin.write(line)
@@ -72,9 +76,12 @@ class TrackingClient:
                 return message
             else:
                 self._error = message.get("message") or f"unexpected reply {message!r}"
+        raise self._failure()
+
+    def _failure(self) -> TrackingError:
         # MLflow's messages may quote the URI, credentials and all
-        raise TrackingError(redact(f"MLflow tracking at {self.tracking_uri!r} failed: "
-                                   f"{self._error}"), field="MLFLOW_TRACKING_URI")
+        return TrackingError(redact(f"MLflow tracking at {self.tracking_uri!r} failed: "
+                                    f"{self._error}"), field="MLFLOW_TRACKING_URI")
 
     def check(self) -> None:
         """Raise now if the worker has already failed to start the runs; never waits."""
@@ -86,6 +93,7 @@ class TrackingClient:
 
     def start(self, plan: Plan, versions: Mapping[str, str]) -> None:
         """Ask for the parent run and one nested run per pipeline, with params."""
+        self._started = True
         loaded = plan.recipe
         params = {f"recipe.{k}": v for k, v in flatten(loaded.raw).items()}
         params.update({f"version.{k}": v for k, v in versions.items()})
@@ -122,7 +130,11 @@ class TrackingClient:
     def finish(self, report: Mapping[str, Any] | None, out_dir: Path | None,
                recipe_path: Path, failed: bool = False) -> None:
         """Log variant metrics, models, the recipe and report.json; close the runs; wait
-        for the worker to be done."""
+        for the worker to be done. Once only: later calls repeat its outcome."""
+        if self._closed:
+            if self._error is not None:
+                raise self._failure()
+            return
         try:
             self._send({"op": "finish", "report": report, "recipe_path": str(recipe_path),
                         "out_dir": None if out_dir is None else str(out_dir),
@@ -136,6 +148,9 @@ class TrackingClient:
     def close(self) -> None:
         """Let the worker go: after `finish` it is done; before it, the end of its input
         makes it mark its runs FAILED, and we wait for that."""
+        if self._closed:
+            return
+        self._closed = True
         if self.process.stdin is not None and not self.process.stdin.closed:
             try:
                 self.process.stdin.close()
@@ -145,6 +160,8 @@ class TrackingClient:
             self.process.stdout.close()
         if self._finished:
             return  # it exits on its own
+        if not self._started:
+            self.process.kill()  # nothing to record: no need to wait for MLflow's import
         try:
             self.process.wait(timeout=60)
         except subprocess.TimeoutExpired:

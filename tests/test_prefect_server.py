@@ -19,7 +19,7 @@ import pytest
 
 from orchestrator import prefect_server
 from orchestrator.errors import OrchestratorError
-from orchestrator.prefect_server import LEASE_FILE, STATE_FILE, LocalServer
+from orchestrator.prefect_server import LEASE_FILE, STATE_FILE, LocalServer, PrefectServerError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,6 +84,52 @@ def test_second_run_attaches_and_server_exits_when_idle(home: Path) -> None:
     third = start(home, idle_s=1.0)  # a new server, since the last one is gone
     assert third.started_here and third.pid != first.pid
     third.release()
+
+
+def test_runs_starting_together_share_one_booting_server(home: Path) -> None:
+    first = prefect_server._attach_or_start(home, 30.0)
+    second = prefect_server._attach_or_start(home, 30.0)  # before the first answers
+    try:
+        assert first.started_here and not second.started_here
+        assert second.pid == first.pid
+        second.wait_ready()
+        first.wait_ready()
+    finally:
+        first.release()
+        second.release()
+
+
+def test_server_whose_store_folder_is_deleted_exits(home: Path) -> None:
+    import shutil
+
+    server = start(home, idle_s=1.0)
+    server.release()
+    shutil.rmtree(home)
+    wait_for(lambda: not alive(server.pid), "the server to notice its folder is gone")
+
+
+def test_server_for_one_run_exits_when_the_run_is_killed(tmp_path: Path) -> None:
+    code = ("import os, sys\nfrom pathlib import Path\n"
+            "from orchestrator import prefect_server\n"
+            f"server = prefect_server._start_for_this_run(Path({str(tmp_path)!r}))\n"
+            "server.wait_ready()\nprint(server.pid, flush=True)\n"
+            "os._exit(9)  # killed: no release()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 9, done.stderr[-2000:]
+    pid = int(done.stdout.split()[0])
+    wait_for(lambda: not alive(pid), "the orphaned per-run server to exit")
+
+
+def test_a_server_that_dies_while_booting_is_a_clear_error(tmp_path: Path) -> None:
+    process = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit('port taken')"],
+                               stderr=(log := (tmp_path / "log").open("w+b")))
+    server = LocalServer(api_url="http://127.0.0.1:9/api", pid=process.pid, lingers=False,
+                         started_here=True, process=process, log=log)
+    with pytest.raises(PrefectServerError, match="exited") as caught:
+        server.wait_ready()
+    assert "port taken" in str(caught.value) and caught.value.exit_code == 2
+    server.release()
 
 
 def test_record_of_a_dead_server_is_replaced(home: Path) -> None:
@@ -156,10 +202,10 @@ def test_cli_reuses_the_server_and_per_run_mode_leaves_none(
     home = tmp_path / ".orchestrator"
     try:
         first = run("out1")
-        assert "is kept for later runs" in first.stdout
+        assert "is kept for later runs" in first.stderr
         pid = json.loads((home / STATE_FILE).read_text())["pid"]
         second = run("out2")
-        assert "is kept for later runs" not in second.stdout
+        assert "is kept for later runs" not in second.stderr
         assert json.loads((home / STATE_FILE).read_text())["pid"] == pid
         report = json.loads((tmp_path / "out2" / "report.json").read_text())
         stages = [s for v in report["variants"].values() for s in v["stages"]]
@@ -172,7 +218,7 @@ def test_cli_reuses_the_server_and_per_run_mode_leaves_none(
     assert not (home / STATE_FILE).exists(), "a server stopped by a signal left its record"
 
     third = run("out3", **{prefect_server.IDLE_ENV: "0"})
-    assert "is kept" not in third.stdout
+    assert "is kept" not in third.stderr
     assert not (home / STATE_FILE).exists()
     wait_for(lambda: not servers_of(home), "the per-run server to stop")
 

@@ -26,3 +26,12 @@ def test_url_credentials_are_redacted() -> None:
     assert flat["model.path"] == "s3://***@bucket/models/v7"
     assert flat["data"] == "https://***@host/x.npz"
     assert flat["plain"] == "https://host/x"
+
+
+def test_token_only_url_credentials_are_redacted() -> None:
+    from orchestrator.tracking import redact
+
+    assert redact("https://ghp_tok3n@host/x") == "https://***@host/x"
+    assert redact("https://:tok3n@host/x") == "https://***@host/x"
+    assert redact("postgresql://u:p@db:5432/prefect") == "postgresql://***@db:5432/prefect"
+    assert redact("https://host:8080/x") == "https://host:8080/x"

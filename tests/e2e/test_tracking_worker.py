@@ -99,3 +99,9 @@ def test_a_run_that_ends_without_finish_leaves_failed_runs(digits_example: Path,
     children = mlflow.search_runs([parent.info.experiment_id],
                                   f"tags.mlflow.parentRunId = '{run_id}'")
     assert [run.info.status for run in children] == ["FAILED"]
+
+
+def test_a_run_that_fails_before_start_does_not_wait_for_mlflow(workspace: Path) -> None:
+    client = TrackingClient()
+    client.close()  # e.g. the model did not load: nothing to record
+    assert client.process.returncode == -signal.SIGKILL
