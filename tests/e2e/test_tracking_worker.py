@@ -28,11 +28,11 @@ def mlflow_client(workspace: Path):  # noqa: ANN201
 
 def test_bad_tracking_uri_exits_2_and_writes_nothing(
         digits_example: Path, workspace: Path, prefect_server: None,
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+        monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
     good_uri = f"sqlite:///{workspace / 'mlruns' / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "bogus://user:pa55word@nowhere")
     code = main(["run", str(DIGITS_RECIPE), "--variant", "fp32", "-o", str(workspace / "out")])
-    err = capsys.readouterr().err
+    err = capfd.readouterr().err  # the worker's stderr too
     assert code == 2
     assert "MLFLOW_TRACKING_URI" in err and "bogus://***@nowhere" in err
     assert "pa55word" not in err and "Traceback" not in err
