@@ -10,8 +10,13 @@ import argparse
 import gc
 import json
 import logging
+import signal
 import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 
 from orchestrator.errors import OrchestratorError
 
@@ -204,27 +209,53 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextmanager
+def _interrupts_noted() -> Iterator[Callable[[], bool]]:
+    """Remember Ctrl-C while a command runs: some libraries wrap the KeyboardInterrupt it
+    raises (pydantic, mid import) into errors of their own, which must not read as our
+    bugs."""
+    seen: list[int] = []
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield lambda: bool(seen)  # someone else handles Ctrl-C here
+        return
+
+    def on_interrupt(signum: int, frame: FrameType | None) -> None:
+        seen.append(signum)
+        signal.default_int_handler(signum, frame)
+
+    signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield lambda: bool(seen)
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run a command. Exit codes: 0 ok, 1 budget gate failed, 2 invalid input, 3 a stage
     failed, 70 an internal error (a bug: EX_SOFTWARE, so that it never reads as 1), 130
     interrupted."""
     args = build_parser().parse_args(argv)
     configure_logging()
-    try:
-        return args.fn(args)
-    except OrchestratorError as exc:  # a command that let one through: still the user's
-        return _error(exc)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except Exception as exc:  # a bug: never exit 1, which means "budget gate failed"
-        import traceback
+    with _interrupts_noted() as interrupted:
+        try:
+            return args.fn(args)
+        except OrchestratorError as exc:  # a command that let one through: still the user's
+            return _error(exc)
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return 130
+        except Exception as exc:  # a bug: never exit 1, which means "budget gate failed"
+            if interrupted():  # a library turned our KeyboardInterrupt into its own error
+                print("interrupted", file=sys.stderr)
+                return 130
+            import traceback
 
-        print(f"internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        traceback.print_exc(file=sys.stderr)
-        print("This is a bug in orchestrator, not in your recipe: please report it with the "
-              "traceback above and the command you ran.", file=sys.stderr)
-        return 70
+            print(f"internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+            traceback.print_exc(file=sys.stderr)
+            print("This is a bug in orchestrator, not in your recipe: please report it with "
+                  "the traceback above and the command you ran.", file=sys.stderr)
+            return 70
 
 
 def console_main() -> None:

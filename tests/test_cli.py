@@ -60,3 +60,28 @@ def test_system_exit_is_not_an_internal_error(monkeypatch: pytest.MonkeyPatch) -
 def test_command_result_is_returned(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["schema"]) == 0
     assert '"pipelines"' in capsys.readouterr().out
+
+
+def test_interrupt_that_a_library_wraps_exits_130(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import signal
+
+    def interrupted_mid_import(args: object) -> int:
+        try:
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C
+        except KeyboardInterrupt as exc:  # what pydantic does to it inside an import
+            raise ValueError("Error calling function `_ser_model`: KeyboardInterrupt") from exc
+        return 0
+
+    monkeypatch.setattr(cli, "cmd_validate", interrupted_mid_import)
+    assert cli.main(["validate", "any.yaml"]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "internal error" not in err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+    def plain_bug(args: object) -> int:
+        raise ValueError("a real bug")
+
+    monkeypatch.setattr(cli, "cmd_validate", plain_bug)
+    assert cli.main(["validate", "any.yaml"]) == 70
+    assert "internal error: ValueError: a real bug" in capsys.readouterr().err
