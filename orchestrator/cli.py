@@ -153,6 +153,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def cmd_server(args: argparse.Namespace) -> int:
+    """The local Prefect server that runs share (see prefect_server): status, or stop."""
+    from orchestrator import prefect_server
+    from orchestrator.runner import default_store
+
+    home = default_store().root
+    if args.action == "stop":
+        stopped = prefect_server.stop_server(home, force=args.force)
+        print(f"stopped the Prefect server at {stopped['api_url']} (pid {stopped['pid']})"
+              if stopped else f"no local Prefect server for {home}")
+        return 0
+    found = prefect_server.describe(home)
+    if found is None:
+        print(f"no local Prefect server for {home}")
+        return 0
+    print(f"Prefect server at {found['api_url']} (pid {found['pid']}, Prefect "
+          f"{found['prefect']}), {'in use by a run' if found['in_use'] else 'idle'}; it stops "
+          f"after {found['idle_s']:.0f} s unused. Log: {home / prefect_server.LOG_FILE}")
+    return 0
+
+
 class _CurrentStderrHandler(logging.StreamHandler):
     """Writes to whatever sys.stderr is when a record is emitted: tools and tests swap it,
     and a handler holding an old, closed stream would print logging errors instead."""
@@ -200,6 +221,11 @@ def build_parser() -> argparse.ArgumentParser:
     stages.set_defaults(fn=cmd_stages)
     schema = sub.add_parser("schema", help="print the recipe's JSON Schema")
     schema.set_defaults(fn=cmd_schema)
+    server = sub.add_parser("server", help="the local Prefect server that runs share: "
+                            "status, or stop it now")
+    server.add_argument("action", choices=["status", "stop"], nargs="?", default="status")
+    server.add_argument("--force", action="store_true", help="stop it even while a run uses it")
+    server.set_defaults(fn=cmd_server)
     inspect = sub.add_parser("inspect", help="summarize_graph for any supported model")
     inspect.add_argument("model")
     inspect.add_argument("--format", default="auto",

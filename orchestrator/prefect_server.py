@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -73,7 +74,10 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:  # someone else's process now holds that pid
         return False
-    return True
+    try:  # exited but not yet reaped by its parent (a zombie) is gone too
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):  # no /proc (macOS)
+        return True
 
 
 def _server_version(api_url: str, timeout: float) -> str | None:
@@ -294,3 +298,40 @@ def start_if_needed(home: Path) -> LocalServer | None:
         server = _start_for_this_run(home)
     os.environ["PREFECT_API_URL"] = server.api_url
     return server
+
+
+def describe(home: Path) -> dict[str, Any] | None:
+    """The local server recorded in `home` (None when there is none that runs), with
+    whether a run is attached to it now."""
+    state = _read_state(home)
+    if state is None or not _is_our_daemon(int(state.get("pid", 0)),
+                                           int(state.get("port", 0))):
+        return None
+    with open(home / LEASE_FILE, "a+") as lease:
+        try:
+            fcntl.flock(lease, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            in_use = False
+            fcntl.flock(lease, fcntl.LOCK_UN)
+        except BlockingIOError:
+            in_use = True
+    return {**state, "in_use": in_use}
+
+
+def stop_server(home: Path, force: bool = False, timeout: float = 30.0) -> dict[str, Any] | None:
+    """Stop the local server recorded in `home` now; None when there was none. Refuses
+    (PrefectServerError) while a run uses it, unless `force`."""
+    found = describe(home)
+    if found is None:
+        return None
+    if found["in_use"] and not force:
+        raise PrefectServerError(f"the Prefect server at {found['api_url']} is in use by a "
+                                 "run; stop it anyway with --force (that run then fails)")
+    pid = int(found["pid"])
+    os.kill(pid, signal.SIGTERM)  # graceful; it removes its own record
+    deadline = time.monotonic() + timeout
+    while _pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _pid_alive(pid):
+        os.kill(pid, signal.SIGKILL)
+    forget_server(home, pid)
+    return found

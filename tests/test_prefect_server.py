@@ -40,7 +40,7 @@ def alive(pid: int) -> bool:
         return False
     # a zombie (exited, not yet reaped by its parent: us) counts as gone
     try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
 
@@ -237,3 +237,28 @@ def servers_of(home: Path) -> list[int]:
                 and alive(int(proc.name)):
             found.append(int(proc.name))
     return found
+
+
+def test_server_command_shows_and_stops_the_server(home: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator import cli
+
+    monkeypatch.setenv("ORCHESTRATOR_HOME", str(home))
+    server = start(home, idle_s=60.0)
+    assert cli.main(["server", "status"]) == 0
+    out = capsys.readouterr().out
+    assert f"pid {server.pid}" in out and "in use by a run" in out
+
+    assert cli.main(["server", "stop"]) == 2  # a run is attached
+    assert "--force" in capsys.readouterr().err
+    assert alive(server.pid)
+
+    server.release()
+    assert cli.main(["server"]) == 0
+    assert "idle" in capsys.readouterr().out
+    assert cli.main(["server", "stop"]) == 0
+    assert f"pid {server.pid}" in capsys.readouterr().out
+    wait_for(lambda: not alive(server.pid), "the stopped server to exit")
+    assert not (home / STATE_FILE).exists()
+    assert cli.main(["server", "status"]) == 0
+    assert "no local Prefect server" in capsys.readouterr().out
