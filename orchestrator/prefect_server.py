@@ -149,14 +149,20 @@ class PrefectServerError(OrchestratorError):
     """The local Prefect server could not start or stopped answering."""
 
 
+class LocksUnavailable(OSError):
+    """The store folder's file system has no flock: runs cannot share a server there."""
+
+
 def _is_our_daemon(pid: int, port: int) -> bool:
     """pid is alive and is a prefect_daemon on `port` (not a process that reused the pid)."""
     if not _pid_alive(pid):
         return False
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:  # no /proc (macOS): a live pid whose port answers as Prefect will do
-        return _server_version(f"http://127.0.0.1:{port}/api", timeout=2) is not None
+    except OSError:  # no /proc (macOS)
+        command = subprocess.run(["ps", "-o", "command=", "-p", str(pid)], check=False,
+                                 capture_output=True, timeout=10).stdout
+        argv = command.split()
     return b"orchestrator.prefect_daemon" in argv and str(port).encode() in argv
 
 
@@ -234,8 +240,9 @@ def _spawn(home: Path, idle_s: float, log: IO[bytes]) -> tuple[subprocess.Popen[
         [sys.executable, "-m", "orchestrator.prefect_daemon", "--port", str(port),
          "--idle", str(idle_s), "--home", str(home), "--parent", str(os.getpid())],
         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-        # a lingering server must not get the terminal's Ctrl-C meant for this run
-        start_new_session=idle_s > 0)
+        # never the terminal's Ctrl-C meant for the run: a lingering server outlives it, and
+        # a server for one run is stopped by the run (or notices it is gone, see --parent)
+        start_new_session=True)
     return process, port
 
 
@@ -244,7 +251,10 @@ def _attach_or_start(home: Path, idle_s: float) -> LocalServer:
     # the lease first: once it is held, an idle server can no longer decide to exit
     lease = open(home / LEASE_FILE, "a+")  # noqa: SIM115  (held for the whole run)
     try:
-        fcntl.flock(lease, fcntl.LOCK_SH)
+        try:
+            fcntl.flock(lease, fcntl.LOCK_SH)
+        except OSError as exc:
+            raise LocksUnavailable(str(exc)) from exc
         _touch(home / LEASE_FILE)
         with _locked(home / LOCK_FILE):
             state = _read_state(home)
@@ -260,9 +270,13 @@ def _attach_or_start(home: Path, idle_s: float) -> LocalServer:
             server = LocalServer(api_url=f"http://127.0.0.1:{port}/api", pid=process.pid,
                                  lingers=True, started_here=True, log_path=home / LOG_FILE,
                                  process=process, log=log, lease=lease)
-            _write_state(home, {"pid": process.pid, "port": port,
-                                "api_url": server.api_url, "started": time.time(),
-                                "idle_s": idle_s, **identity})
+            try:
+                _write_state(home, {"pid": process.pid, "port": port,
+                                    "api_url": server.api_url, "started": time.time(),
+                                    "idle_s": idle_s, **identity})
+            except BaseException:
+                process.terminate()  # a server no run could find must not linger
+                raise
             return server
     except BaseException:
         lease.close()
@@ -291,7 +305,7 @@ def start_if_needed(home: Path) -> LocalServer | None:
     if idle_s > 0:
         try:
             server = _attach_or_start(home, idle_s)
-        except OSError as exc:  # no file locks here (some network file systems)
+        except LocksUnavailable as exc:  # some network file systems
             log.warning("cannot share a Prefect server through %s (%s): starting one for "
                         "this run only", home, exc)
     if server is None:
@@ -323,15 +337,24 @@ def stop_server(home: Path, force: bool = False, timeout: float = 30.0) -> dict[
     found = describe(home)
     if found is None:
         return None
-    if found["in_use"] and not force:
-        raise PrefectServerError(f"the Prefect server at {found['api_url']} is in use by a "
-                                 "run; stop it anyway with --force (that run then fails)")
     pid = int(found["pid"])
-    os.kill(pid, signal.SIGTERM)  # graceful; it removes its own record
+    with open(home / LEASE_FILE, "a+") as lease:
+        # as the server's own idle exit: forget it while no run can attach
+        try:
+            fcntl.flock(lease, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not force:
+                raise PrefectServerError(
+                    f"the Prefect server at {found['api_url']} is in use by a run; stop it "
+                    "anyway with --force (that run then fails)") from None
+        forget_server(home, pid)
+    try:
+        os.kill(pid, signal.SIGTERM)  # graceful
+    except ProcessLookupError:
+        return found  # it had just stopped by itself
     deadline = time.monotonic() + timeout
     while _pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     if _pid_alive(pid):
         os.kill(pid, signal.SIGKILL)
-    forget_server(home, pid)
     return found

@@ -153,14 +153,14 @@ def run_recipe(loaded: LoadedRecipe, out_dir: Path | None = None,
         tracker.close()  # before `start`: it ends without creating any MLflow run
         raise
     out_dir = (out_dir or Path("out") / loaded.recipe.name).resolve()
-    tracker.start(plan, versions())
-    all_hooks = [*(hooks or []), tracker]
-    from orchestrator.guard import apply_guard
-
-    def guard(name: str, submit: Any, outcomes: dict[str, NodeOutcome]) -> Any:
-        return apply_guard(name, plan, data, outcomes, submit, on_trial=tracker.log_trial)
-
     try:
+        tracker.start(plan, versions())
+        all_hooks = [*(hooks or []), tracker]
+        from orchestrator.guard import apply_guard
+
+        def guard(name: str, submit: Any, outcomes: dict[str, NodeOutcome]) -> Any:
+            return apply_guard(name, plan, data, outcomes, submit, on_trial=tracker.log_trial)
+
         flows.import_prefect()  # while the CLI's server may still be booting
         if before_flow is not None:
             before_flow()
@@ -175,13 +175,14 @@ def run_recipe(loaded: LoadedRecipe, out_dir: Path | None = None,
         write_outputs(out_dir, plan, data, outcomes, report)
         tracker.finish(report, out_dir, loaded.path)
     except BaseException as exc:
+        # first: a report from an earlier run must not pass for this failed one (CI gates
+        # read it), even if recording the failure is interrupted too
+        (out_dir / "report.json").unlink(missing_ok=True)
         try:
             tracker.finish(None, None, loaded.path, failed=True)
         except Exception as tracking_exc:  # noqa: BLE001  (the run's own error is reported)
             if not isinstance(exc, TrackingError):  # else it is that same failure
                 log.warning("MLflow could not record the failed run either: %s", tracking_exc)
-        # a report from an earlier run must not pass for this failed one (CI gates read it)
-        (out_dir / "report.json").unlink(missing_ok=True)
         raise
     missing = [t for t, v in report["selected"].items() if v is None]
     return RunResult(report=report, out_dir=out_dir, exit_code=1 if missing else 0)

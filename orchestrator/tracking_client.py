@@ -148,14 +148,15 @@ class TrackingClient:
     def close(self) -> None:
         """Let the worker go: after `finish` it is done; before it, the end of its input
         makes it mark its runs FAILED, and we wait for that."""
-        if self._closed:
-            return
-        self._closed = True
-        if self.process.stdin is not None and not self.process.stdin.closed:
-            try:
-                self.process.stdin.close()
-            except OSError:
-                pass
+        with self._lock:  # not while a task thread's hook is writing
+            if self._closed:
+                return
+            self._closed = True
+            if self.process.stdin is not None and not self.process.stdin.closed:
+                try:
+                    self.process.stdin.close()
+                except OSError:
+                    pass
         if self.process.stdout is not None:
             self.process.stdout.close()
         if self._finished:

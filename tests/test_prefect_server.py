@@ -262,3 +262,20 @@ def test_server_command_shows_and_stops_the_server(home: Path, monkeypatch: pyte
     assert not (home / STATE_FILE).exists()
     assert cli.main(["server", "status"]) == 0
     assert "no local Prefect server" in capsys.readouterr().out
+
+
+def test_forced_stop_forgets_the_server_before_it_goes(home: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator import cli
+
+    monkeypatch.setenv("ORCHESTRATOR_HOME", str(home))
+    server = start(home, idle_s=60.0)
+    try:
+        assert cli.main(["server", "stop", "--force"]) == 0  # although a run is attached
+        assert not (home / STATE_FILE).exists()
+        wait_for(lambda: not alive(server.pid), "the forced server to exit")
+    finally:
+        server.release()
+    again = start(home, idle_s=60.0)  # the next run starts a new one
+    assert again.started_here and again.pid != server.pid
+    again.release()
