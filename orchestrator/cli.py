@@ -268,13 +268,12 @@ def main(argv: list[str] | None = None) -> int:
             return args.fn(args)
         except OrchestratorError as exc:  # a command that let one through: still the user's
             return _error(exc)
-        except KeyboardInterrupt:
-            print("interrupted", file=sys.stderr)
-            return 130
-        except Exception as exc:  # a bug: never exit 1, which means "budget gate failed"
-            if interrupted():  # a library turned our KeyboardInterrupt into its own error
+        except (KeyboardInterrupt, Exception) as exc:
+            # also when a library turned our KeyboardInterrupt into an error of its own
+            if isinstance(exc, KeyboardInterrupt) or interrupted():
                 print("interrupted", file=sys.stderr)
                 return 130
+            # a bug: never exit 1, which means "budget gate failed"
             import traceback
 
             print(f"internal error: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -80,15 +80,6 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
-def _server_version(api_url: str, timeout: float) -> str | None:
-    """The version a Prefect server at api_url reports, None when none answers."""
-    try:
-        with urllib.request.urlopen(f"{api_url}/admin/version", timeout=timeout) as response:
-            return str(json.loads(response.read()))
-    except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError, OSError):
-        return None
-
-
 def _answers(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
