@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
 from orchestrator.devices import Device
+from orchestrator.limits import MAX_PIPELINES, MAX_STAGES_PER_PIPELINE, MAX_TARGETS
 
 
 class Strict(BaseModel):
@@ -92,7 +93,8 @@ Percentile = Annotated[float, Field(ge=0, lt=50, allow_inf_nan=False)]
 class Pipeline(Strict):
     from_: str | None = Field(None, alias="from", description="Start from this pipeline's "
                               "model (before its measuring stages).")
-    stages: list[StageEntry] = Field(min_length=1, description="Stages, in order.")
+    stages: list[StageEntry] = Field(min_length=1, max_length=MAX_STAGES_PER_PIPELINE,
+                                     description="Stages, in order.")
 
 
 class Tune(Strict):
@@ -113,8 +115,8 @@ class Recipe(Strict):
     description: str | None = Field(None, description="Free text.")
     model: ModelSpec
     data: DataSpec = Field(default_factory=DataSpec)
-    targets: list[Target] = Field(default_factory=list)
-    pipelines: dict[str, Pipeline] = Field(min_length=1)
+    targets: list[Target] = Field(default_factory=list, max_length=MAX_TARGETS)
+    pipelines: dict[str, Pipeline] = Field(min_length=1, max_length=MAX_PIPELINES)
     tune: Tune | None = Field(None, description="Accuracy guard settings for 8-bit pipelines.")
 
     @model_validator(mode="after")

@@ -165,7 +165,7 @@ def test_validate_override_into_a_scalar_exits_2(capsys: pytest.CaptureFixture[s
     assert main(["validate", str(ROOT / "recipes" / "digits.yaml"), "--set",
                  "name.x.y=1"]) == 2
     err = capsys.readouterr().err
-    assert "--set [name.x.y]" in err and "not a mapping or list" in err
+    assert "[--set name.x.y]" in err and "not a mapping or list" in err
     assert "Traceback" not in err
 
 
