@@ -22,7 +22,9 @@ from orchestrator.errors import OrchestratorError
 
 
 def _error(exc: OrchestratorError) -> int:
-    print(f"error: {exc}", file=sys.stderr)
+    # a hostile recipe may hold text the terminal cannot encode (lone surrogates, NUL)
+    text = str(exc).encode("utf-8", "backslashreplace").decode("utf-8").replace("\0", "\\0")
+    print(f"error: {text}", file=sys.stderr)
     return exc.exit_code
 
 
@@ -119,12 +121,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from orchestrator import prefect_server
     from orchestrator.progress import ConsoleProgress
     from orchestrator.recipe import load_recipe
-    from orchestrator.runner import default_store, run_recipe
+    from orchestrator.runner import check_folders, default_store, output_dir, run_recipe
 
     server = None
     try:
         loaded = load_recipe(args.recipe, args.set)
         store = default_store()
+        check_folders(output_dir(loaded, args.output), store, None)  # before the server
         # a server of an earlier run, or one booting in its own process (~2.5 s) while we
         # load the model and import MLflow and Prefect
         server = prefect_server.start_if_needed(store.root)

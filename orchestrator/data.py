@@ -49,6 +49,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from orchestrator import paths
 from orchestrator.errors import DataError
 from orchestrator.model import TensorSpec
 from orchestrator.recipe_models import DataSource
@@ -90,11 +91,13 @@ class LoadStats:
 def source_kind(source: DataSource, base_dir: Path, field_path: str = "data") -> SourceKind:
     """Which kind of source this is. DataError when the path is missing or unsupported."""
     path = _resolve(source.source, base_dir)
-    if _MODULE_FUNCTION.match(source.source) and not path.exists():
+    problem = paths.path_problem(path, "file_or_dir")
+    if _MODULE_FUNCTION.match(source.source) and problem == "not found":
         return "module"
-    if not path.exists():
-        raise DataError(f"data source not found: {path}", file=str(path),
-                        field=f"{field_path}.source")
+    if problem:
+        message = ("data source not found" if problem == "not found"
+                   else f"cannot read the data source: {problem}")
+        raise DataError(f"{message}: {path}", file=str(path), field=f"{field_path}.source")
     if path.is_dir():
         return "images"
     if path.suffix.lower() == ".npz":
@@ -216,6 +219,9 @@ def check_source(source: DataSource, base_dir: Path, role: Role, field_path: str
         shape, dtype = headers[name]
         _check_dtype(dtype, input_spec, f"{path.name}: array {name!r}", file=str(path),
                      field=name_field, stored=True)
+        if not shape:
+            raise DataError(f"{path.name}: array {name!r} is a single value (a 0-d array); "
+                            "expected one row per sample", file=str(path), field=name_field)
         if input_spec is not None:
             check_fits(shape, input_spec, f"{path.name}[{name}]", file=str(path),
                        field=name_field)
@@ -227,7 +233,11 @@ def check_source(source: DataSource, base_dir: Path, role: Role, field_path: str
                                 f"{label_dtype} ({_kind_name(label_dtype)}); labels must be "
                                 "integer class indices (or one-hot numbers)", file=str(path),
                                 field=f"{field_path}.labels")
-            n_labels = headers[source.labels][0][0] if headers[source.labels][0] else None
+            if not headers[source.labels][0]:
+                raise DataError(f"{path.name}: labels array {source.labels!r} is a single "
+                                "value (a 0-d array); expected one label per sample",
+                                file=str(path), field=f"{field_path}.labels")
+            n_labels = headers[source.labels][0][0]
             if n_labels != shape[0]:
                 raise DataError(f"{path.name}: {shape[0]} inputs in {name!r} but {n_labels} "
                                 f"labels in {source.labels!r}", file=str(path),
@@ -300,7 +310,9 @@ def fit_to_input(batch: Any, input_spec: TensorSpec | None, source_desc: str, *,
 
 
 # numpy kinds that never cast to a numeric input: strings, bytes, records, dates/times
-_KIND_NAMES = {"U": "strings", "S": "bytes", "O": "Python objects", "V": "structured records",
+_KIND_NAMES = {"c": "complex numbers: pass the real part, or real and imaginary parts as "
+               "separate inputs", "U": "strings", "S": "bytes", "O": "Python objects",
+               "V": "structured records",
                "M": "dates", "m": "time deltas"}
 
 
@@ -315,7 +327,7 @@ def _check_dtype(dtype: np.dtype, input_spec: TensorSpec | None, what: str, *,
     when they come from a function (`stored=False`); stored in an .npz (`stored=True`) they
     are refused outright: they cannot be read without pickle."""
     text_input = input_spec is not None and input_spec.dtype in ("string", "str", "bytes")
-    if dtype.kind in "biufc" or (dtype.kind == "O" and not stored):
+    if dtype.kind in "biuf" or (dtype.kind == "O" and not stored):
         return
     if text_input and dtype.kind in "US":
         return
@@ -337,6 +349,7 @@ def _open(source: DataSource, base_dir: Path, role: Role, input_spec: TensorSpec
     field that names its inputs (for shape errors)."""
     kind = source_kind(source, base_dir, field_path)
     path = source_path(source, base_dir)
+    labels_field = f"{field_path}.labels"
     if kind == "npz":
         headers = _npz_headers(path, field_path)
         name, input_field = _npz_input_name(source, role, headers, path, field_path)
@@ -345,9 +358,16 @@ def _open(source: DataSource, base_dir: Path, role: Role, input_spec: TensorSpec
         inputs = _npz_array(path, name, field_path)
         labels = None
         if role == "evaluation" and source.labels:
-            _npz_require(source.labels, headers, path, f"{field_path}.labels")
+            _npz_require(source.labels, headers, path, labels_field)
             labels = _npz_array(path, source.labels, field_path)
-        return _slices(inputs, labels, chunk_size), input_field
+        names = (f"{path.name}: array {name!r}", f"{path.name}: labels array {source.labels!r}")
+        for array, what, where in ((inputs, names[0], input_field),
+                                   (labels, names[1], labels_field)):
+            if array is not None and array.ndim == 0:
+                raise DataError(f"{what} is a single value (a 0-d array); expected one row "
+                                "per sample", file=str(path), field=where)
+        return _checked(_slices(inputs, labels, chunk_size), names, str(path),
+                        (input_field, labels_field)), input_field
     if kind == "images":
         labeller = None
         if role == "evaluation" and source.labels:
@@ -357,7 +377,30 @@ def _open(source: DataSource, base_dir: Path, role: Role, input_spec: TensorSpec
         return (_images(path, source, input_spec, stats, field_path, labeller),
                 f"{field_path}.source")
     fn = _import_function(source.source, base_dir, field_path)
-    return _module_chunks(fn, source.source, base_dir, role, field_path), f"{field_path}.source"
+    names = (f"{source.source} inputs", f"{source.source} labels")
+    return (_checked(_module_chunks(fn, source.source, base_dir, role, field_path), names,
+                     None, (f"{field_path}.source", f"{field_path}.source")),
+            f"{field_path}.source")
+
+
+def _checked(chunks: Iterable[Chunk], names: tuple[str, str], file: str | None,
+             fields: tuple[str, str]) -> Iterator[Chunk]:
+    """`chunks`, refusing NaN or infinite inputs or labels: a NaN sample would be scored
+    (or calibrated on) silently. The message names the array and the first bad index."""
+    offset = 0
+    for x, y in chunks:
+        for array, name, field_name in ((x, names[0], fields[0]), (y, names[1], fields[1])):
+            if array is None or np.asarray(array).dtype.kind not in "fc":
+                continue
+            bad = ~np.isfinite(np.asarray(array))
+            if bad.any():
+                index = tuple(int(i) for i in np.argwhere(bad)[0])
+                where = (offset + index[0], *index[1:])
+                raise DataError(f"{name} holds a non-finite value ({array[index]}) at index "
+                                f"{list(where)} (sample {where[0]}); inputs and labels must "
+                                "be finite numbers", file=file, field=field_name)
+        offset += len(x)
+        yield x, y
 
 
 def _slices(inputs: np.ndarray, labels: np.ndarray | None, size: int) -> Iterator[Chunk]:
@@ -426,8 +469,8 @@ def _npz_headers(path: Path, field_path: str) -> dict[str, tuple[tuple[int, ...]
                     shape, _, dtype = _read_npy_header(member)
                 headers[info.filename[:-4]] = (shape, dtype)
     except (zipfile.BadZipFile, ValueError, OSError) as exc:
-        raise DataError(f"not a readable .npz file: {exc}", file=str(path),
-                        field=f"{field_path}.source") from exc
+        raise DataError(f"{path} is not a readable .npz file (truncated or corrupt?): {exc}",
+                        file=str(path), field=f"{field_path}.source") from exc
     return headers
 
 
@@ -470,8 +513,8 @@ def _npz_array(path: Path, name: str, field_path: str) -> np.ndarray:
         with np.load(path, allow_pickle=False) as archive:
             return archive[name]
     except (ValueError, OSError, zipfile.BadZipFile) as exc:
-        raise DataError(f"cannot read array {name!r}: {exc}", file=str(path),
-                        field=f"{field_path}.source") from exc
+        raise DataError(f"cannot read array {name!r} of {path} (truncated or corrupt?): "
+                        f"{exc}", file=str(path), field=f"{field_path}.source") from exc
 
 
 def _npz_memmap(path: Path, name: str) -> np.ndarray | None:
@@ -512,7 +555,9 @@ def _walk(folder: Path) -> list[Path]:
     files = []
     for root, dirs, names in os.walk(folder):
         dirs.sort()
-        files.extend(Path(root) / n for n in names)
+        # only regular files: a FIFO among the images would hang the reader
+        files.extend(Path(root) / n for n in names
+                     if paths.path_problem(Path(root) / n, "file") is None)
     return sorted(files, key=lambda f: f.relative_to(folder).as_posix())
 
 
@@ -572,8 +617,9 @@ def _read_image(file: Path, channels: int, size: tuple[int, int] | None,
 
 def _read_label_names(path: Path, field: str) -> list[str]:
     try:
-        names = [line.strip() for line in path.read_text().splitlines() if line.strip()]
-    except (OSError, UnicodeDecodeError) as exc:
+        text = paths.read_regular_file(path, 16 << 20).decode("utf-8")
+        names = [line.strip() for line in text.splitlines() if line.strip()]
+    except (ValueError, UnicodeDecodeError) as exc:
         raise DataError(f"cannot read labels file: {exc}", file=str(path), field=field) from exc
     if not names:
         raise DataError("labels file is empty", file=str(path), field=field)
@@ -677,9 +723,7 @@ def _describe(source: DataSource) -> str:
     return f"{source.source}[{name}]" if name else source.source
 
 
-def _resolve(path: str, base_dir: Path) -> Path:
-    candidate = Path(path).expanduser()
-    return candidate if candidate.is_absolute() else Path(base_dir) / candidate
+_resolve = paths.resolve
 
 
 def _hash_file(digest: Any, path: Path) -> None:

@@ -1,6 +1,6 @@
 """The small error hierarchy. Each error carries the context a user needs to act on it.
 
-Exit codes (SPEC): RecipeError/ModelSourceError/DataError -> 2, StageError -> 3.
+Exit codes (SPEC): RecipeError/ModelSourceError/DataError/OutputError -> 2, StageError -> 3.
 Programming errors are not wrapped: they propagate as tracebacks, on purpose.
 """
 
@@ -49,6 +49,11 @@ class ModelSourceError(OrchestratorError):
 
 class DataError(OrchestratorError):
     """Representative or evaluation data is missing, malformed or does not fit the model."""
+
+
+class OutputError(OrchestratorError):
+    """A folder the run writes to (`-o DIR`, the store, MLflow's) cannot be written: read-only,
+    full, not a folder. Checked before the run where it can be; `file` names the folder."""
 
 
 class StageError(OrchestratorError):

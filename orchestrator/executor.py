@@ -129,9 +129,8 @@ def execute_node(node: Node, data: RunData, devices: dict[str, Any],
     except (DataError, ModelSourceError) as exc:
         # the user's input (a file a param names, data) is wrong, not the stage: exit 2,
         # located at the stage in the recipe
-        raise data.plan.recipe.error(f"{node.pipeline}/{node.stage}: {exc.message}",
-                                     ("pipelines", node.pipeline, "stages", node.index),
-                                     type(exc)) from exc
+        raise data.plan.recipe.relocate(exc, ("pipelines", node.pipeline, "stages", node.index),
+                                        prefix=f"{node.pipeline}/{node.stage}: ") from exc
     except OrchestratorError as exc:
         if getattr(node.params, "ignore_errors", False):
             return _passthrough(node, data, artifact, exc, time.perf_counter() - started)

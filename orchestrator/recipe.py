@@ -4,6 +4,7 @@ of the whole recipe (shape, stage names and params, wiring) before anything runs
 from __future__ import annotations
 
 import difflib
+import glob
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -13,14 +14,14 @@ from typing import Any, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from orchestrator.errors import RecipeError
+from orchestrator import paths
+from orchestrator.errors import OrchestratorError, RecipeError
 from orchestrator.limits import (
     MAX_NESTING_DEPTH,
     MAX_RECIPE_BYTES,
     MAX_YAML_NODES,
     name_problem,
 )
-from orchestrator.paths import read_regular_file
 from orchestrator.recipe_models import Pipeline, Recipe
 
 Loc = tuple[str | int, ...]
@@ -49,11 +50,23 @@ class LoadedRecipe:
         return self.path.parent
 
     def resolve(self, relative: str) -> Path:
-        """A path from the recipe, relative to the recipe file."""
-        return (self.base_dir / os.path.expanduser(relative)).resolve()
+        """A path from the recipe, relative to the recipe file (through symlinks where they
+        resolve: a loop or a NUL byte is reported by the check of the path, not raised)."""
+        path = paths.resolve(relative, self.base_dir)
+        try:
+            return path.resolve()
+        except (OSError, RuntimeError, ValueError):
+            return Path(os.path.abspath(path))
 
     def error(self, message: str, loc: Loc, cls: type[RecipeError] = RecipeError) -> RecipeError:
         return make_error(cls, message, self.path, loc, self.marks)
+
+    def relocate(self, exc: OrchestratorError, loc: Loc, prefix: str = "") -> Any:
+        """`exc` (of the same class) moved onto the recipe field `loc`, keeping the file it
+        was about (a broken .npz, a model) in the message."""
+        where = exc.location() if exc.file and exc.file != str(self.path) else ""
+        message = f"{prefix}{where}: {exc.message}" if where else f"{prefix}{exc.message}"
+        return make_error(type(exc), message, self.path, loc, self.marks)
 
 
 def dotted(loc: Loc) -> str:
@@ -166,7 +179,7 @@ def load_yaml(path: Path) -> Located:
     """Parse YAML, recording line/column of every node. YAML errors become RecipeErrors.
     The recipe is read as a regular file of at most MAX_RECIPE_BYTES."""
     try:
-        raw = read_regular_file(path, MAX_RECIPE_BYTES)
+        raw = paths.read_regular_file(path, MAX_RECIPE_BYTES)
     except ValueError as exc:
         raise RecipeError(f"cannot read the recipe: {exc}", file=str(path)) from None
     try:
@@ -477,10 +490,15 @@ def _check_files(loaded: LoadedRecipe) -> None:
 
     recipe = loaded.recipe
     model_path = loaded.resolve(recipe.model.path)
+    problem = paths.path_problem(model_path, "file_or_dir")
     # a TF1 checkpoint may be named by its prefix (model.ckpt -> model.ckpt.index, ...)
-    if not model_path.exists() and not any(model_path.parent.glob(model_path.name + ".*")):
-        raise loaded.error(f"model path does not exist: {model_path}", ("model", "path"),
-                           ModelSourceError)
+    if problem == "not found" and "\0" not in str(model_path) and any(
+            model_path.parent.glob(glob.escape(model_path.name) + ".*")):
+        problem = None
+    if problem:
+        message = ("model path does not exist" if problem == "not found"
+                   else f"cannot read the model path: {problem}")
+        raise loaded.error(f"{message}: {model_path}", ("model", "path"), ModelSourceError)
     # a declared input's dtype (only: shapes are checked at run, against the model) lets a
     # string-input model take string arrays; otherwise data must be numbers
     declared = None
@@ -500,16 +518,18 @@ def _check_files(loaded: LoadedRecipe) -> None:
             if not isinstance(exc, DataError):
                 raise
             field_loc: Loc = tuple(exc.field.split(".")) if exc.field else ("data", role)
-            located = loaded.error(exc.message, field_loc, DataError)
-            raise located from exc
+            raise loaded.relocate(exc, field_loc) from exc
     for name, entries in loaded.stages.items():
         for index, (stage_name, params) in enumerate(entries):
             from orchestrator.stages import get_stage
 
             for param in get_stage(stage_name).file_params:
                 value = getattr(params, param, None)
-                if value is not None and not loaded.resolve(value).is_file():
-                    raise loaded.error(f"{param}: file not found: {loaded.resolve(value)}",
+                problem = None if value is None else paths.path_problem(
+                    loaded.resolve(value), "file")
+                if problem:
+                    shown = "file not found" if problem == "not found" else problem
+                    raise loaded.error(f"{param}: {shown}: {loaded.resolve(value)}",
                                        ("pipelines", name, "stages", index, stage_name, param),
                                        RecipeError)
     from orchestrator.devices import resolve_device

@@ -14,9 +14,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from orchestrator.errors import OutputError
 from orchestrator.executor import NodeOutcome, RunData
+from orchestrator.limits import name_problem
+from orchestrator.paths import describe_os_error
 from orchestrator.plan import Plan
-from orchestrator.store import atomic_write_text
+from orchestrator.store import interrupts_deferred
 
 MB = 1024 * 1024  # budgets are in MiB: what phones and their app stores report
 
@@ -163,24 +166,50 @@ def write_outputs(out_dir: Path, plan: Plan, data: RunData,
                   outcomes: Mapping[str, NodeOutcome], report: Mapping[str, Any]) -> None:
     """DIR/<pipeline>/ (model.pb, signature.json, stage files) and DIR/report.json.
 
-    Each variant folder is built aside and swapped in whole, so it never mixes files of two
-    runs; report.json is renamed into place last, so it always describes what is there.
+    Everything is built in a staging folder first; then a few renames, with Ctrl-C held,
+    swap the variant folders in and report.json last: the outputs appear whole or not at
+    all. A folder that cannot be written (full, read-only) is an OutputError naming it.
     """
-    out_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=out_dir, prefix=".staging-"))
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=out_dir, prefix=".staging-"))
+    except OSError as exc:
+        raise OutputError(f"cannot write the outputs to {out_dir}: {describe_os_error(exc)}",
+                          file=str(out_dir)) from exc
     try:
         for name in report["variants"]:
             _write_variant(staging / name, name, plan, data, outcomes)
-        for name in report["variants"]:
-            final = out_dir / name
-            if final.exists():
-                trash = staging / f".old-{name}"
-                os.rename(final, trash)
-            os.rename(staging / name, final)
-        atomic_write_text(out_dir / "report.json",
-                          json.dumps(report, indent=2, default=_jsonable))
+        (staging / "report.json").write_text(json.dumps(report, indent=2, default=_jsonable))
+        with interrupts_deferred():
+            for name in report["variants"]:
+                final = out_dir / name
+                if final.exists():
+                    os.rename(final, staging / f".old-{name}")
+                os.rename(staging / name, final)
+            os.rename(staging / "report.json", out_dir / "report.json")
+    except OSError as exc:
+        raise OutputError(f"cannot write the outputs to {out_dir}: {describe_os_error(exc)}",
+                          file=str(out_dir)) from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def discard_outputs(out_dir: Path) -> None:
+    """After a failed run: report.json and the variant folders it lists go together (Ctrl-C
+    held), so that neither a stale report nor models without one pass for this run."""
+    report_path = out_dir / "report.json"
+    with interrupts_deferred():
+        try:
+            names = [n for n in json.loads(report_path.read_text())["variants"]
+                     if name_problem(n) is None]  # never a path out of DIR
+        except (OSError, ValueError, KeyError, TypeError):
+            names = []
+        try:
+            report_path.unlink(missing_ok=True)
+        except OSError:
+            return  # an unwritable folder: nothing of this run is in it either
+        for name in names:
+            shutil.rmtree(out_dir / name, ignore_errors=True)
 
 
 def _write_variant(folder: Path, name: str, plan: Plan, data: RunData,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import DataError, ModelSourceError, RecipeError
+from orchestrator.errors import DataError, ModelSourceError, OutputError, RecipeError
 from orchestrator.executor import NodeOutcome, RunData
 from orchestrator.model import ModelArtifact, TensorSpec, model_facts
 from orchestrator.plan import Plan, build_plan
@@ -32,7 +32,30 @@ class RunResult:
 
 
 def default_store() -> Store:
-    return Store(Path(os.environ.get("ORCHESTRATOR_HOME", ".orchestrator")).resolve())
+    return Store(Path(os.path.abspath(os.environ.get("ORCHESTRATOR_HOME") or ".orchestrator")))
+
+
+def output_dir(loaded: LoadedRecipe, requested: Path | None) -> Path:
+    """`-o DIR` (default out/<recipe name>) as an absolute path, not resolved through
+    symlinks (a loop is reported by the folder check)."""
+    return Path(os.path.abspath(requested or Path("out") / loaded.recipe.name))
+
+
+def check_folders(out_dir: Path, store: Store, tracking_uri: str | None) -> None:
+    """Every folder the run will write to can be written: exit 2 naming it, before the
+    run, rather than a failure after every stage has run."""
+    from orchestrator.paths import writable_dir_problem
+    from orchestrator.tracking import local_tracking_folder
+
+    folders = [(out_dir, "the output folder (-o)"),
+               (store.root, "the store (ORCHESTRATOR_HOME)")]
+    tracking_folder = local_tracking_folder(tracking_uri)
+    if tracking_folder is not None:
+        folders.append((tracking_folder, "MLflow's folder (MLFLOW_TRACKING_URI)"))
+    for folder, role in folders:
+        problem = writable_dir_problem(folder)
+        if problem:
+            raise OutputError(f"cannot write to {role} {folder}: {problem}", file=str(folder))
 
 
 def load_source(loaded: LoadedRecipe) -> ModelArtifact:
@@ -48,11 +71,7 @@ def load_source(loaded: LoadedRecipe) -> ModelArtifact:
     try:
         artifact = load_model(loaded.resolve(model.path), model.format, inputs, model.outputs)
     except ModelSourceError as exc:
-        # point at the recipe field too, keeping the model file in the message
-        located = loaded.error(f"{exc.location() or exc.file}: {exc.message}"
-                               if exc.file else exc.message, ("model", "path"),
-                               ModelSourceError)
-        raise located from exc
+        raise loaded.relocate(exc, ("model", "path")) from exc
     return artifact
 
 
@@ -68,7 +87,7 @@ def preflight_data(loaded: LoadedRecipe, data: RunData) -> None:
         role = "evaluation" if "evaluation" in (exc.field or "") else (
             "representative" if "representative" in (exc.field or "") else None)
         loc = tuple((exc.field or f"data.{role}").split(".")) if role else ("data",)
-        raise loaded.error(exc.message, loc, DataError) from exc
+        raise loaded.relocate(exc, loc) from exc
 
 
 def resolve_devices(loaded: LoadedRecipe) -> dict[str, Any]:
@@ -138,10 +157,12 @@ def run_recipe(loaded: LoadedRecipe, out_dir: Path | None = None,
     `before_flow` runs just before the flow starts (the CLI waits there for the Prefect
     server it started); `flow_heartbeats=False` with that server (see flows.run_plan)."""
     from orchestrator import flows
-    from orchestrator.report import build_report, write_outputs
+    from orchestrator.report import build_report, discard_outputs, write_outputs
     from orchestrator.tracking_client import TrackingClient, TrackingError
 
     store = store or default_store()
+    out_dir = output_dir(loaded, out_dir)
+    check_folders(out_dir, store, tracking_uri)
     # first: the tracking worker imports MLflow on the other core while we load the model
     tracker = TrackingClient(tracking_uri)
     try:
@@ -152,7 +173,6 @@ def run_recipe(loaded: LoadedRecipe, out_dir: Path | None = None,
     except BaseException:
         tracker.close()  # before `start`: it ends without creating any MLflow run
         raise
-    out_dir = (out_dir or Path("out") / loaded.recipe.name).resolve()
     try:
         tracker.start(plan, versions())
         all_hooks = [*(hooks or []), tracker]
@@ -176,8 +196,8 @@ def run_recipe(loaded: LoadedRecipe, out_dir: Path | None = None,
         tracker.finish(report, out_dir, loaded.path)
     except BaseException as exc:
         # first: a report from an earlier run must not pass for this failed one (CI gates
-        # read it), even if recording the failure is interrupted too
-        (out_dir / "report.json").unlink(missing_ok=True)
+        # read it), even if recording the failure is interrupted too; its models go with it
+        discard_outputs(out_dir)
         try:
             tracker.finish(None, None, loaded.path, failed=True)
         except Exception as tracking_exc:  # noqa: BLE001  (the run's own error is reported)

@@ -11,12 +11,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.errors import OutputError
 from orchestrator.model import ModelArtifact
+from orchestrator.paths import describe_os_error
 
 MODEL_FILE = "model.pb"
 SIGNATURE_FILE = "signature.json"
@@ -55,6 +61,32 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM while a few renames commit (or discard) a set of files, so
+    that the set appears whole or not at all; a signal that came meanwhile is acted on
+    right after. A Python-level handler, not a signal mask: whichever thread the kernel
+    picks, the handler runs in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {signum: signal.signal(signum, lambda signum, frame: pending.append(signum))
+                for signum in held}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if pending:
+            handler = previous[pending[0]]
+            if callable(handler):
+                handler(pending[0], None)  # e.g. raises KeyboardInterrupt
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(pending[0])
+
+
 class Store:
     """The cache. Keys are hex digests computed by the plan."""
 
@@ -74,7 +106,16 @@ class Store:
     def put(self, key: str, result: StoredResult, artifact: ModelArtifact | None,
             files: dict[str, bytes], replace: bool = False) -> None:
         """Write a whole entry atomically. An existing entry for the key is kept, unless
-        `replace` (--no-cache: what was just computed wins over what was stored)."""
+        `replace` (--no-cache: what was just computed wins over what was stored).
+        A full or read-only store is an OutputError naming it; no partial entry is left."""
+        try:
+            self._put(key, result, artifact, files, replace)
+        except OSError as exc:
+            raise OutputError(f"cannot write to the store {self.root} (ORCHESTRATOR_HOME): "
+                              f"{describe_os_error(exc)}", file=str(self.root)) from exc
+
+    def _put(self, key: str, result: StoredResult, artifact: ModelArtifact | None,
+             files: dict[str, bytes], replace: bool) -> None:
         final = self.entry(key)
         if final.exists() and not replace:
             return

@@ -23,13 +23,74 @@ import signal
 import subprocess
 import sys
 import traceback
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 # Keys that look like secrets are never logged, whatever the recipe holds.
 _SECRET = re.compile(r"(key|secret|password|passwd|token|credential)", re.IGNORECASE)
 _MAX_PARAM = 6000
+# The tracking URI the worker checks as soon as it starts (set by tracking_client).
+PROBE_ENV = "ORCHESTRATOR_TRACKING_PROBE"
+
+
+# How long the worker waits to reach an HTTP tracking server before it says it cannot.
+PROBE_TIMEOUT_S = 5.0
+# MLflow retries a failing request 7 times with doubling back-off (about 250 s against an
+# unreachable server); a run says so within seconds instead. The environment still wins.
+_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+
+
+def local_tracking_folder(tracking_uri: str | None = None) -> Path | None:
+    """The local folder a tracking URI writes to (sqlite, file store), else None."""
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or ""
+    if not uri:
+        return Path.cwd() / "mlruns"
+    if uri.startswith("sqlite:///"):
+        return Path(uri.removeprefix("sqlite:///").split("?")[0]).parent
+    if uri.startswith("file://"):
+        return Path(uri.removeprefix("file://"))
+    if "://" not in uri:
+        return Path(uri)
+    return None
+
+
+def probe(tracking_uri: str) -> str | None:
+    """Why an HTTP(S) tracking server cannot be reached (within PROBE_TIMEOUT_S), or None."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(tracking_uri)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        with socket.create_connection((parts.hostname, port), timeout=PROBE_TIMEOUT_S):
+            return None
+    except TimeoutError:
+        return f"no answer from {parts.hostname}:{port} within {PROBE_TIMEOUT_S:.0f} s"
+    except (OSError, ValueError) as exc:
+        return f"cannot connect to {parts.hostname}: {exc}"
+
+
+@contextmanager
+def _store_lock(tracking_uri: str) -> Iterator[None]:
+    """Runs that start together on a new sqlite store would each create MLflow's tables
+    ("table already exists"): the first creates them while the others wait."""
+    folder = local_tracking_folder(tracking_uri) if tracking_uri.startswith("sqlite:") else None
+    if folder is None:
+        yield
+        return
+    import fcntl
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".orchestrator-init.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def default_tracking_uri(root: Path | None = None) -> str:
@@ -122,7 +183,8 @@ class MlflowLogger:
         from mlflow.entities import Param, RunTag
 
         name = message["recipe_name"]
-        self.experiment_id = self._experiment(name)
+        with _store_lock(self.tracking_uri):  # the store's tables and the experiment
+            self.experiment_id = self._experiment(name)
         parent = self.client.create_run(self.experiment_id, run_name=name,
                                         tags={"orchestrator.recipe": message["recipe_path"]})
         self.parent_run_id = parent.info.run_id
@@ -140,7 +202,7 @@ class MlflowLogger:
             self.pipeline_runs[pipeline["name"]] = run.info.run_id
             self.client.log_batch(run.info.run_id, params=[
                 Param("pipeline", pipeline["name"]), Param("from", pipeline["from"]),
-                Param("stages", pipeline["stages"])],
+                Param("stages", pipeline["stages"][:_MAX_PARAM])],
                 tags=[RunTag("orchestrator.recipe_name", name)])
         return self.parent_run_id
 
@@ -231,6 +293,9 @@ def serve(inbox: Any, outbox: Any) -> int:
 
     logger: MlflowLogger | None = None
     try:
+        unreachable = probe(os.environ.get(PROBE_ENV, ""))
+        if unreachable:  # say so now: MLflow itself would retry for minutes
+            raise ConnectionError(unreachable)
         # now, not at `start`: the run sends that only once its model is loaded
         import mlflow.tracking  # noqa: F401
         from mlflow.store.tracking import sqlalchemy_store  # noqa: F401  (the default store)
@@ -274,6 +339,8 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # the run and a booting Prefect server come first: MLflow has until the flow ends
     os.nice(10)
+    for name, value in _HTTP_DEFAULTS.items():
+        os.environ.setdefault(name, value)
     # replies go to the original stdout; anything MLflow prints goes to stderr instead
     outbox = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())

@@ -21,7 +21,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import OrchestratorError
-from orchestrator.tracking import default_tracking_uri, flatten, numeric_values, redact
+from orchestrator.tracking import (
+    PROBE_ENV,
+    default_tracking_uri,
+    flatten,
+    numeric_values,
+    redact,
+)
 
 if TYPE_CHECKING:
     from orchestrator.executor import NodeOutcome
@@ -42,7 +48,8 @@ class TrackingClient:
             [sys.executable, "-m", "orchestrator.tracking"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, text=True, encoding="utf-8",
             # MLflow prints "View run at <tracking URI>", credentials and all
-            env={**os.environ, "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"})
+            env={**os.environ, "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
+                 PROBE_ENV: self.tracking_uri})
         self._started = False
         self._run_id: str | None = None
         self._error: str | None = None  # why the worker failed, once known
