@@ -111,6 +111,8 @@ def writable_dir_problem(path: Path) -> str | None:
     except UnicodeEncodeError:
         return "the path is not valid text"
     except OSError as exc:
+        if exc.errno == errno.ENOENT:  # /proc and the like: the folder exists, files don't
+            return f"files cannot be created in {existing}"
         return _write_reason(exc)
     try:
         free = shutil.disk_usage(probe).free

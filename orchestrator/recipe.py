@@ -65,6 +65,8 @@ class LoadedRecipe:
         """`exc` (of the same class) moved onto the recipe field `loc`, keeping the file it
         was about (a broken .npz, a model) in the message."""
         where = exc.location() if exc.file and exc.file != str(self.path) else ""
+        if where and Path(exc.file or "").name in exc.message:
+            where = ""  # the message names the file already
         message = f"{prefix}{where}: {exc.message}" if where else f"{prefix}{exc.message}"
         return make_error(type(exc), message, self.path, loc, self.marks)
 

@@ -6,6 +6,7 @@ that measured it); estimates are labelled as such (`est_latency_ms`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -170,6 +171,7 @@ def write_outputs(out_dir: Path, plan: Plan, data: RunData,
     swap the variant folders in and report.json last: the outputs appear whole or not at
     all. A folder that cannot be written (full, read-only) is an OutputError naming it.
     """
+    created = not out_dir.exists()
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=out_dir, prefix=".staging-"))
@@ -188,6 +190,10 @@ def write_outputs(out_dir: Path, plan: Plan, data: RunData,
                 os.rename(staging / name, final)
             os.rename(staging / "report.json", out_dir / "report.json")
     except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        if created:  # leave no empty folder behind either
+            with contextlib.suppress(OSError):
+                out_dir.rmdir()
         raise OutputError(f"cannot write the outputs to {out_dir}: {describe_os_error(exc)}",
                           file=str(out_dir)) from exc
     finally:

@@ -51,11 +51,13 @@ def check_folders(out_dir: Path, store: Store, tracking_uri: str | None) -> None
                (store.root, "the store (ORCHESTRATOR_HOME)")]
     tracking_folder = local_tracking_folder(tracking_uri)
     if tracking_folder is not None:
-        folders.append((tracking_folder, "MLflow's folder (MLFLOW_TRACKING_URI)"))
+        named = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        folders.append((tracking_folder, "MLflow's folder" + (
+            " (MLFLOW_TRACKING_URI)" if named else ", ./mlruns")))
     for folder, role in folders:
         problem = writable_dir_problem(folder)
         if problem:
-            raise OutputError(f"cannot write to {role} {folder}: {problem}", file=str(folder))
+            raise OutputError(f"cannot write to {role}: {problem}", file=str(folder))
 
 
 def load_source(loaded: LoadedRecipe) -> ModelArtifact:

@@ -133,14 +133,16 @@ class Store:
                 target.write_bytes(data)
             result.files = sorted(files)
             (tmp / RESULT_FILE).write_text(json.dumps(result.__dict__, indent=2, default=float))
-            if final.exists():  # replace: move the old entry aside, then swap the new in
+            if replace and final.exists():  # move the old entry aside, swap the new in
                 trash = final.with_name(f".{key[:12]}.{os.getpid()}.old")
                 os.rename(final, trash)
                 shutil.rmtree(trash, ignore_errors=True)
             try:
                 os.rename(tmp, final)
             except OSError:
-                if not final.exists():  # not a concurrent writer of the same key
+                # a concurrent run wrote the same key first: its entry is as good as ours,
+                # and a reader may be using it, so it stays
+                if not final.exists():
                     raise
         finally:
             if tmp.exists():

@@ -163,7 +163,9 @@ class MlflowLogger:
         # our own default store (not a shared server): artifacts go under mlruns/artifacts
         self.local_default = local_default
         self.tracking_uri = tracking_uri
-        self.client = MlflowClient(tracking_uri)
+        with _store_lock(tracking_uri):  # a new store's tables are created on first use
+            self.client = MlflowClient(tracking_uri)
+            self.client.search_experiments(max_results=1)
         self.parent_run_id: str | None = None
         self.pipeline_runs: dict[str, str] = {}
         self.experiment_id: str | None = None

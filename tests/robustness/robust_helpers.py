@@ -1,0 +1,328 @@
+"""Helpers shared by the robustness suite (issue 9): recipes built in tmp, the CLI run in
+process or as a subprocess, and the checks every hostile input must pass.
+
+The promise under test: a bad recipe, model or data gets exit 2, stderr starting with
+`error: ` and naming the file (and line where it comes from YAML), never a traceback or
+exit 70, and nothing written to `-o DIR` or the store's cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DIGITS = ROOT / "examples" / "digits"
+RECIPES = ROOT / "recipes"
+PYTHON = sys.executable
+
+# A generous hang detector for commands that must fail while loading (no timed assertion:
+# a working loader answers in about a second; this only keeps a hang from stalling CI).
+LOAD_TIMEOUT_S = 30
+# A whole `orchestrator run` subprocess (TensorFlow, Prefect and MLflow imports included).
+RUN_TIMEOUT_S = 180
+# Address-space cap for subprocesses fed hostile input (alias bombs, /dev/zero): a bug
+# then dies with MemoryError instead of taking the machine's memory. TensorFlow maps
+# about 2 GB of address space.
+VALIDATE_MEMORY_CAP = 2 << 30
+RUN_MEMORY_CAP = 8 << 30
+
+# Outcomes of every fuzzed example, printed at the end of the session (conftest).
+FUZZ_OUTCOMES: Counter[str] = Counter()
+FUZZ_FAILURES: list[str] = []
+
+
+# ---------------------------------------------------------------- recipes
+
+
+def digits_recipe(**changes: Any) -> dict[str, Any]:
+    """recipes/digits.yaml as data, with absolute paths (so it can live in any folder)."""
+    data = yaml.safe_load((RECIPES / "digits.yaml").read_text())
+    data["model"]["path"] = str(DIGITS / "saved_model")
+    for role in ("representative", "evaluation"):
+        data["data"][role]["source"] = str(DIGITS / "data.npz")
+    data.update(changes)
+    return data
+
+
+def small_recipe(name: str = "robust", stages: Sequence[Any] = ("freeze",),
+                 evaluation: bool = False, **extra: Any) -> dict[str, Any]:
+    """A fast recipe: the digits SavedModel through a few stages, one pipeline."""
+    data: dict[str, Any] = {"version": 1, "name": name,
+                            "model": {"path": str(DIGITS / "saved_model")}}
+    if evaluation:
+        data["data"] = {"evaluation": {"source": str(DIGITS / "data.npz"),
+                                       "inputs": "x_test", "labels": "y_test"}}
+    data["pipelines"] = {"fp32": {"stages": list(stages)}}
+    data.update(extra)
+    return data
+
+
+def write_yaml(path: Path, data: Any) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    return path
+
+
+def line_of(text: str, needle: str, occurrence: int = 1) -> int:
+    """1-based line of the `occurrence`-th line containing `needle`."""
+    seen = 0
+    for number, line in enumerate(text.splitlines(), start=1):
+        if needle in line:
+            seen += 1
+            if seen == occurrence:
+                return number
+    raise AssertionError(f"{needle!r} not in the recipe text")
+
+
+def mentions_number(text: str, number: int) -> bool:
+    """Whether `text` names `number` (as 1000000, 1,000,000 or 1_000_000)."""
+    return any(form in text for form in (str(number), f"{number:,}", f"{number:_}"))
+
+
+# ---------------------------------------------------------------- file system state
+
+
+def cache_entries(home: Path) -> set[Path]:
+    """Visible cache entries (cache/xx/<key>): temporary folders start with a dot."""
+    cache = home / "cache"
+    if not cache.is_dir():
+        return set()
+    return {entry for shard in cache.iterdir() if shard.is_dir() and not shard.name.startswith(".")
+            for entry in shard.iterdir() if not entry.name.startswith(".")}
+
+
+def partial_cache_entries(home: Path) -> list[Path]:
+    """Entries a reader could mistake for complete: visible, but no result.json."""
+    return sorted(e for e in cache_entries(home) if not (e / "result.json").is_file())
+
+
+def tree(folder: Path, skip: Sequence[str] = ()) -> dict[str, int]:
+    """Every path under `folder` (relative) with its size; `skip`: top-level names left out.
+    Does not follow symlinks."""
+    found: dict[str, int] = {}
+    if not os.path.lexists(folder):
+        return found
+    for dirpath, dirnames, filenames in os.walk(folder):
+        rel_dir = Path(dirpath).relative_to(folder)
+        if rel_dir == Path("."):
+            dirnames[:] = [d for d in dirnames if d not in skip]
+            filenames = [f for f in filenames if f not in skip]
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            try:
+                size = path.lstat().st_size if not path.is_dir() else -1
+            except OSError:
+                size = -2
+            found[str(rel_dir / name)] = size
+    return found
+
+
+def output_is_whole_or_absent(out: Path) -> str:
+    """'absent' (nothing of a run), 'whole' (report.json and every variant folder it lists,
+    each with its model.pb), else raises AssertionError describing what is half there."""
+    if not out.exists() or not any(out.iterdir()):
+        return "absent"
+    visible = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
+    hidden = sorted(p.name for p in out.iterdir() if p.name.startswith("."))
+    report_path = out / "report.json"
+    if not report_path.is_file():
+        assert not visible, f"{out} holds {visible} (hidden: {hidden}) but no report.json"
+        return "absent"
+    report = json.loads(report_path.read_text())  # a half-written report fails here
+    for name, variant in report["variants"].items():
+        model = out / variant.get("artifact", f"{name}/model.pb")
+        assert model.is_file() and model.stat().st_size > 0, f"{model} missing or empty"
+    extra = set(visible) - {"report.json", *report["variants"]}
+    assert not extra, f"{out} holds {sorted(extra)} that report.json does not list"
+    return "whole"
+
+
+# ---------------------------------------------------------------- error checks
+
+
+_NOISE = re.compile(r"^(\d{4}[/-]\d\d[/-]\d\d|\d\d:\d\d:\d\d|[IWE]\d{4} |WARNING|INFO|"
+                    r"WARNING:|E0000|W0000|I0000|\s*$)")
+
+
+def check_clean_error(code: int, err: str, *names: str | Path, exit_code: int = 2) -> str:
+    """The exit code, an `error: ` line naming each of `names`, no traceback. Returns the
+    error line. Lines a library logged before ours (timestamps, absl) are tolerated."""
+    assert code != 70, f"internal error (exit 70):\n{err[-4000:]}"
+    assert "Traceback" not in err, err[-4000:]
+    assert code == exit_code, f"exit {code}, expected {exit_code}:\n{err[-4000:]}"
+    lines = err.splitlines()
+    index = next((i for i, line in enumerate(lines) if line.startswith("error: ")), None)
+    assert index is not None, f"no line starting with 'error: ' in stderr:\n{err[-4000:]}"
+    before = [line for line in lines[:index] if not _NOISE.match(line)]
+    assert not before, f"stderr does not start with 'error: ': {before[:5]}"
+    message = "\n".join(lines[index:])
+    for name in names:
+        assert str(name) in message, f"the error does not name {str(name)!r}:\n{message[:3000]}"
+    return message
+
+
+# ---------------------------------------------------------------- running the CLI
+
+
+def cli_in_process(args: Sequence[str], capsys: Any) -> tuple[int, str, str]:
+    """`orchestrator ARGS` in this process (`cli.main`), with SIGINT at its default."""
+    from orchestrator import cli
+
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        code = cli.main([str(a) for a in args])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+# The child restores SIGINT's default handler itself: pytest (or CI) may have started us
+# with SIGINT ignored, which a child would inherit.
+_CHILD = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+          "from orchestrator.cli import console_main; sys.argv[0] = 'orchestrator'; "
+          "console_main()")
+
+
+def base_env(home: Path, tracking_uri: str | None, prefect_api_url: str | None,
+             **extra: str) -> dict[str, str]:
+    """A subprocess environment with its own store and tracking, C.UTF-8 and UTC."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PREFECT_API", "MLFLOW_", "ORCHESTRATOR_"))}
+    env.update(LC_ALL="C.UTF-8", LANG="C.UTF-8", TZ="UTC", PYTHONUNBUFFERED="1",
+               PYTHONDONTWRITEBYTECODE="1", ORCHESTRATOR_HOME=str(home),
+               TF_CPP_MIN_LOG_LEVEL="2", PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PREFECT_LOGGING_LEVEL="WARNING")
+    if tracking_uri is not None:
+        env["MLFLOW_TRACKING_URI"] = tracking_uri
+    if prefect_api_url is not None:
+        env["PREFECT_API_URL"] = prefect_api_url
+    env.update(extra)
+    return env
+
+
+def _preexec(memory_cap: int | None, user: int | None = None):  # noqa: ANN202
+    def setup() -> None:
+        import resource
+
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        if memory_cap is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (memory_cap, memory_cap))
+        if user is not None:
+            os.setgroups([])
+            os.setgid(user)
+            os.setuid(user)
+
+    return setup
+
+
+@dataclass
+class Done:
+    code: int | None  # None: killed after the timeout (a hang)
+    out: str
+    err: str
+    seconds: float
+
+
+def cli_subprocess(args: Sequence[str | Path], env: Mapping[str, str], cwd: Path,
+                   timeout: float = LOAD_TIMEOUT_S, memory_cap: int | None = None,
+                   user: int | None = None) -> Done:
+    """`orchestrator ARGS` as a child in its own session; on timeout, its whole process
+    group is killed and `code` is None."""
+    started = time.monotonic()
+    process = subprocess.Popen([PYTHON, "-c", _CHILD, *map(str, args)], env=dict(env),
+                               cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               stdin=subprocess.DEVNULL, text=True, start_new_session=True,
+                               preexec_fn=_preexec(memory_cap, user))
+    try:
+        out, err = process.communicate(timeout=timeout)
+        code: int | None = process.returncode
+    except subprocess.TimeoutExpired:
+        kill_group(process)
+        out, err = process.communicate()
+        code = None
+    return Done(code, out, err, time.monotonic() - started)
+
+
+def kill_group(process: subprocess.Popen[Any], sig: int = signal.SIGKILL) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def assert_no_hang(done: Done, what: str) -> None:
+    assert done.code is not None, (f"{what}: still running after the hang detector's "
+                                   f"{done.seconds:.0f} s; stderr:\n{done.err[-3000:]}")
+
+
+# ---------------------------------------------------------------- FIFOs
+
+
+@contextmanager
+def fifo_unblocker(path: Path, after_s: float = LOAD_TIMEOUT_S) -> Iterator[list[bool]]:
+    """While the block runs: if it is still running after `after_s`, open the FIFO at
+    `path` for writing and close it, so a reader stuck on it sees end of file. Yields a
+    list that holds True if that had to be done (the code under test hung)."""
+    fired: list[bool] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        if done.wait(after_s):
+            return
+        fired.append(True)
+        for _ in range(3):  # a reader may reopen it
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+                os.close(fd)
+            except OSError:
+                pass
+            if done.wait(1.0):
+                return
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield fired
+    finally:
+        done.set()
+        thread.join(5)
+
+
+# ---------------------------------------------------------------- reports
+
+
+# Fields that differ between two correct runs of the same recipe: timings, measured
+# memory, run ids, whether a stage came from the cache (another run may have stored it).
+PER_RUN_KEYS = {"latency_ms", "latency_p50_ms", "latency_mean_ms", "seconds", "cached",
+                "mlflow_run_id", "run_id", "ram_bytes", "ram_source", "peak_memory_bytes",
+                "load_seconds", "started", "finished", "duration_s", "elapsed_s"}
+
+
+def comparable_report(report: Any, out_dir: Path | None = None) -> Any:
+    """The report without per-run fields (recursively), output paths made generic."""
+    if isinstance(report, dict):
+        return {k: comparable_report(v, out_dir) for k, v in report.items()
+                if k not in PER_RUN_KEYS and not k.endswith(("_seconds", "_time", "_at"))}
+    if isinstance(report, list):
+        return [comparable_report(v, out_dir) for v in report]
+    if isinstance(report, str) and out_dir is not None:
+        return report.replace(str(out_dir), "<OUT>")
+    return report
