@@ -11,7 +11,10 @@ import importlib
 from collections.abc import Sequence
 from pathlib import Path
 
-from orchestrator import tf_adapter  # noqa: F401  (sets TF env defaults before TF is imported)
+from orchestrator import (
+    paths,
+    tf_adapter,  # noqa: F401  (sets TF env defaults before TF is imported)
+)
 from orchestrator.errors import ModelSourceError
 from orchestrator.model import ModelArtifact, TensorSpec
 
@@ -74,6 +77,9 @@ def load_model(path: Path, format: str = "auto", inputs: Sequence[TensorSpec] | 
     come from the signature (SavedModel, Keras) or are detected as summarize_graph does.
     """
     path = Path(path)
+    problem = paths.path_problem(path, "file_or_dir")
+    if problem and problem != "not found":  # a FIFO or a device would hang the reader
+        raise ModelSourceError(f"cannot read the model: {problem}", file=str(path))
     fmt = detect_format(path) if format == "auto" else format
     if fmt not in FORMATS:
         raise ModelSourceError(f"unknown model format {format!r}; expected auto or one of "
