@@ -22,7 +22,7 @@ from orchestrator.errors import DataError
 DEFAULT_ENV = "ORCHESTRATOR_MODEL_KEY"
 KEY_BYTES = 32
 KEY_ID_BYTES = 8
-_HEX = re.compile(r"[0-9a-fA-F]{64}")
+_HEX = re.compile(r"(?:[0-9a-fA-F]{2})+")  # base64 of a key always ends in "=": never this
 
 
 class KeyMaterialError(DataError):
@@ -61,13 +61,14 @@ def parse_key(text: str | bytes, where: str) -> bytes:
         raise KeyMaterialError(f"{where} is empty: it must hold a {KEY_BYTES}-byte key as "
                                "base64 or hex (make one with `orchestrator keygen`)")
     if _HEX.fullmatch(text):
-        return bytes.fromhex(text)
-    try:
-        raw = base64.b64decode(text.replace("-", "+").replace("_", "/"), validate=True)
-    except (binascii.Error, ValueError):
-        raise KeyMaterialError(f"the key in {where} is neither base64 nor hex (expected "
-                               f"{KEY_BYTES} bytes as 44 base64 characters or 64 hex digits)"
-                               ) from None
+        raw = bytes.fromhex(text)
+    else:
+        try:
+            raw = base64.b64decode(text.replace("-", "+").replace("_", "/"), validate=True)
+        except (binascii.Error, ValueError):
+            raise KeyMaterialError(f"the key in {where} is neither base64 nor hex (expected "
+                                   f"{KEY_BYTES} bytes as 44 base64 characters or 64 hex "
+                                   "digits)") from None
     if len(raw) != KEY_BYTES:
         raise KeyMaterialError(f"the key in {where} is {len(raw)} bytes; AES-256 needs "
                                f"{KEY_BYTES} (44 base64 characters or 64 hex digits)")
