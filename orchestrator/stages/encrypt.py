@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from orchestrator.encryption import PAYLOAD_KINDS
 from orchestrator.errors import StageError
 from orchestrator.keys import DEFAULT_ENV
 from orchestrator.model import ModelArtifact
@@ -56,5 +57,5 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
 
 
 STAGE = register(Stage(name="encrypt", run=run, params=Params, doc=__doc__,
-                       accepts=frozenset({"graphdef", "memmapped"}), produces="encrypted",
+                       accepts=frozenset(PAYLOAD_KINDS.values()), produces="encrypted",
                        uses_key=True))
