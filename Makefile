@@ -22,11 +22,19 @@ $(EXAMPLE): $(STAMP) examples/digits/make_model.py
 
 example: $(EXAMPLE)
 
-demo: $(EXAMPLE)
-	$(VENV)/bin/orchestrator run recipes/digits.yaml -o out/digits; \
+# A test key for the mobile variant's encrypt stage, made once, never committed (.orchestrator
+# is git-ignored). The demo reads it into ORCHESTRATOR_MODEL_KEY: the recipe names no key.
+DEMO_KEY := .orchestrator/demo.key
+
+$(DEMO_KEY): $(STAMP)
+	$(VENV)/bin/orchestrator keygen -o $(DEMO_KEY)
+
+demo: $(EXAMPLE) $(DEMO_KEY)
+	@echo "model key: ORCHESTRATOR_MODEL_KEY from $(DEMO_KEY)"
+	ORCHESTRATOR_MODEL_KEY="$$(cat $(DEMO_KEY))" $(VENV)/bin/orchestrator run recipes/digits.yaml -o out/digits; \
 	status=$$?; \
 	echo; \
-	echo "Results: out/digits/report.json, models in out/digits/<variant>/model.pb"; \
+	echo "Results: out/digits/report.json, models in out/digits/<variant>/ (model.pb, model.enc)"; \
 	echo "MLflow UI: $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db"; \
 	exit $$status
 

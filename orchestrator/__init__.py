@@ -8,3 +8,12 @@ import os as _os
 # reordered float math out of before/after comparisons.
 _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 _os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+
+def load_encrypted(path: str | _os.PathLike[str], key: bytes | str,
+                   signature: str | _os.PathLike[str] | None = None) -> object:
+    """Decrypt an encrypted model in memory into a runnable ModelArtifact (see
+    orchestrator.encryption.load_encrypted); the plaintext never touches the disk."""
+    from orchestrator.encryption import load_encrypted as _load
+
+    return _load(path, key, signature)

@@ -69,6 +69,8 @@ def cmd_stages(args: argparse.Namespace) -> int:
             extras.append(f"requires earlier: {', '.join(stage.requires)}")
         if stage.uses_data:
             extras.append(f"uses data: {', '.join(stage.uses_data)}")
+        extras.append(f"accepts: {', '.join(sorted(stage.accepts))}"
+                      + (f"; produces: {stage.produces}" if stage.produces else ""))
         if extras:
             print(f"    ({'; '.join(extras)})")
         print()
@@ -102,9 +104,13 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from orchestrator.cli_kinds import inspect_file
     from orchestrator.graph_info import format_summary, summarize
     from orchestrator.sources import load_model
 
+    code = inspect_file(Path(args.model), args.json)  # a memmapped or encrypted file
+    if code is not None:
+        return code
     try:
         artifact = load_model(Path(args.model), args.format)
     except OrchestratorError as exc:
@@ -235,6 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
                          choices=["auto", "saved_model", "keras", "frozen_graph", "checkpoint"])
     inspect.add_argument("--json", action="store_true")
     inspect.set_defaults(fn=cmd_inspect)
+    from orchestrator.cli_kinds import add_parsers
+
+    add_parsers(sub)  # keygen, decrypt
     return parser
 
 

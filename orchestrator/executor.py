@@ -14,7 +14,8 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import DataError, ModelSourceError, OrchestratorError, StageError
-from orchestrator.model import ModelArtifact, TensorSpec, model_facts
+from orchestrator.kinds import facts as model_facts
+from orchestrator.model import ModelArtifact, TensorSpec
 from orchestrator.plan import Node, Plan
 from orchestrator.stages import StageContext, get_stage
 from orchestrator.store import Store, StoredResult
@@ -108,7 +109,8 @@ class RunData:
             evaluation=(lambda: self.evaluation_data) if has_eval else None,
             reference_outputs=(lambda: self.reference) if has_eval else None,
             devices=devices, log=logging.getLogger(f"orchestrator.stage.{node.stage}"),
-            read_file=lambda path: self.plan.recipe.resolve(path).read_bytes())
+            read_file=lambda path: self.plan.recipe.resolve(path).read_bytes(),
+            model_key=lambda key_id: self.plan.model_key(key_id or node.key_id))
 
 
 def execute_node(node: Node, data: RunData, devices: dict[str, Any],

@@ -1,7 +1,10 @@
-"""ModelArtifact: a GraphDef plus its input/output signature and metadata.
+"""ModelArtifact: a model of some kind (a GraphDef, a memmapped package, an encrypted blob)
+plus its input/output signature and metadata.
 
 Artifacts are immutable values: stages build new ones with `replace`, never mutate.
-TensorFlow is imported lazily so that `orchestrator validate` stays fast.
+TensorFlow is imported lazily so that `orchestrator validate` stays fast. What each kind
+means (its file, its facts, how to run it) lives in `orchestrator.kinds`, one module per
+kind; this module knows none of them, so it imports nothing of ours.
 """
 
 from __future__ import annotations
@@ -48,16 +51,23 @@ def node_name(name: str) -> str:
 
 @dataclass(frozen=True)
 class ModelArtifact:
-    """A frozen (or freezable) model: what flows between stages.
+    """A model: what flows between stages.
 
+    `kind` is "graphdef" (then `graph_def` holds the graph) or another artifact kind of
+    `orchestrator.kinds`, whose file bytes are in `payload` (graph_def is then None).
     `outputs` are node names (optionally with ':k'). `metadata` is JSON-serialisable and
     travels with the model, e.g. `min_max_log` from log_ranges for freeze_ranges.
+    `facts` (not serialized, not compared) are summary facts a kind cannot recompute from
+    its bytes alone, such as the op counts inside an encrypted blob.
     """
 
-    graph_def: GraphDef
+    graph_def: GraphDef | None
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[str, ...]
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    kind: str = "graphdef"
+    payload: bytes | None = field(default=None, repr=False)
+    facts: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
     def replace(self, **changes: Any) -> ModelArtifact:
         """A new artifact with some fields changed (metadata is merged, not replaced)."""
@@ -70,10 +80,14 @@ class ModelArtifact:
         return [spec.name for spec in self.inputs]
 
     def graph_bytes(self) -> bytes:
+        """The serialized GraphDef (graphdef kind only; see orchestrator.kinds for others)."""
+        if self.graph_def is None:
+            raise TypeError(f"a {self.kind} artifact has no GraphDef; use orchestrator.kinds")
         return self.graph_def.SerializeToString(deterministic=True)
 
     def signature_json(self) -> str:
-        return json.dumps({"inputs": [s.to_json() for s in self.inputs],
+        return json.dumps({"kind": self.kind,
+                           "inputs": [s.to_json() for s in self.inputs],
                            "outputs": list(self.outputs),
                            "metadata": dict(self.metadata)}, indent=2, sort_keys=True)
 
@@ -89,16 +103,3 @@ class ModelArtifact:
                    outputs=tuple(sig["outputs"]),
                    metadata=sig.get("metadata", {}))
 
-
-def model_facts(artifact: ModelArtifact) -> dict[str, Any]:
-    """Size, gzip size, const parameter count and op counts: what report.json shows."""
-    import gzip
-
-    from orchestrator.graph_info import summarize
-
-    blob = artifact.graph_bytes()
-    summary = summarize(artifact.graph_def)
-    return {"size_bytes": len(blob),
-            "gzip_size_bytes": len(gzip.compress(blob, compresslevel=9, mtime=0)),
-            "params": int(summary["params"]),
-            "ops": dict(sorted(summary["op_counts"].items()))}

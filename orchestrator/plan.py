@@ -12,12 +12,15 @@ import json
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 import orchestrator
 from orchestrator.recipe import LoadedRecipe, lineage
+
+if TYPE_CHECKING:
+    from orchestrator.keys import ModelKey
 
 SOURCE_STAGE = "load"
 
@@ -37,6 +40,7 @@ class Node:
     output_model_key: str
     depends_on: str | None  # node id, or None for the source
     trial: int | None = None  # accuracy-guard trial number; None for the recipe's own nodes
+    key_id: str | None = None  # the model key a `uses_key` stage encrypts with
 
 
 @dataclass
@@ -47,6 +51,18 @@ class Plan:
     # pipeline -> model key it starts from (the source key or its parent's final model)
     start_keys: dict[str, str] = field(default_factory=dict)
     fingerprints: dict[str, str] = field(default_factory=dict)
+    # key id -> model key, loaded when the plan is built (never serialized or logged)
+    keys: dict[str, ModelKey] = field(default_factory=dict, repr=False)
+
+    def model_key(self, key_id: str | None) -> ModelKey:
+        """The model key with this id; KeyMaterialError when the run has none such."""
+        from orchestrator.keys import KeyMaterialError
+
+        if key_id is None or key_id not in self.keys:
+            raise KeyMaterialError(f"no model key with key id {key_id} in this run: the "
+                                   "model was encrypted with a key that no encrypt stage of "
+                                   "the recipe names")
+        return self.keys[key_id]
 
     @property
     def nodes(self) -> list[Node]:
@@ -64,7 +80,7 @@ class Plan:
         self.start_keys[pipeline] = start
         self.pipelines[pipeline] = chain_nodes(pipeline, self.recipe.stages[pipeline], start,
                                                previous, self.fingerprints,
-                                               base_dir=self.recipe.base_dir)
+                                               base_dir=self.recipe.base_dir, keys=self.keys)
         return True
 
     def final_model_key(self, pipeline: str) -> str:
@@ -153,21 +169,56 @@ def build_plan(loaded: LoadedRecipe, variants: list[str] | None = None,
         plan.start_keys[name] = model_key
         previous = None if parent is None or not plan.pipelines[parent] else (
             plan.pipelines[parent][-1].id)
-        nodes = chain_nodes(name, loaded.stages[name], model_key, previous, fingerprints,
-                            base_dir=loaded.base_dir)
+        try:
+            nodes = chain_nodes(name, loaded.stages[name], model_key, previous, fingerprints,
+                                base_dir=loaded.base_dir, keys=plan.keys)
+        except StageKeyError as exc:  # a missing or bad key: exit 2 at the stage's line
+            raise loaded.error(exc.cause.message, ("pipelines", name, "stages", exc.index),
+                               type(exc.cause)) from exc.cause
         plan.pipelines[name] = nodes
     return plan
 
 
+class StageKeyError(Exception):
+    """A stage's model key could not be loaded (carries the stage's index)."""
+
+    def __init__(self, index: int, cause: Any) -> None:
+        super().__init__(str(cause))
+        self.index, self.cause = index, cause
+
+
+def stage_model_key(params: BaseModel, base_dir: Path | None) -> ModelKey:
+    """Load the key a `uses_key` stage's params name (`key_file` wins over `key_env`)."""
+    from orchestrator.keys import DEFAULT_ENV, load_key
+
+    key_file = getattr(params, "key_file", None)
+    path = None if key_file is None else (base_dir or Path.cwd()) / Path(key_file).expanduser()
+    return load_key(getattr(params, "key_env", None) or DEFAULT_ENV,
+                    None if path is None else path.resolve())
+
+
 def chain_nodes(pipeline: str, stages: list[tuple[str, BaseModel]], model_key: str,
                 previous: str | None, fingerprints: dict[str, str], trial: int | None = None,
-                base_dir: Path | None = None) -> list[Node]:
-    """Nodes for `stages` starting from `model_key`, each key chained from the one before."""
+                base_dir: Path | None = None, keys: dict[str, ModelKey] | None = None
+                ) -> list[Node]:
+    """Nodes for `stages` starting from `model_key`, each key chained from the one before.
+    A `uses_key` stage's key is loaded into `keys`; its key id (never the key) is part of
+    its cache key, so an artifact encrypted with one key is never served for another."""
+    from orchestrator.keys import KeyMaterialError
     from orchestrator.stages import get_stage
 
     nodes: list[Node] = []
     for index, (stage_name, params) in enumerate(stages):
         stage = get_stage(stage_name)
+        kid = None
+        if stage.uses_key:
+            try:
+                loaded_key = stage_model_key(params, base_dir)
+            except KeyMaterialError as exc:
+                raise StageKeyError(index, exc) from exc
+            kid = loaded_key.key_id
+            if keys is not None:
+                keys[kid] = loaded_key
         # measuring stages may read any of the data (benchmark feeds what there is)
         roles = sorted(fingerprints) if stage.kind == "measure" else stage.uses_data
         data = {role: fingerprints.get(role, "") for role in roles}
@@ -178,13 +229,15 @@ def chain_nodes(pipeline: str, stages: list[tuple[str, BaseModel]], model_key: s
         in_key = params.model_dump(mode="json", exclude=set(getattr(params, "NOT_IN_KEY", ())))
         # targets are not in the key: the report estimates device latency from the
         # measured FLOPs, so editing a budget re-runs nothing
+        if kid is not None:
+            data["key_id"] = kid
         key = digest(model_key, stage_name, in_key, code_version(), data)
         output_key = key if stage.kind == "transform" else model_key
         suffix = "" if trial is None else f"~trial{trial}"
         node = Node(id=f"{pipeline}/{index}:{stage_name}{suffix}", pipeline=pipeline,
                     index=index, stage=stage_name, params=params, kind=stage.kind, key=key,
                     input_model_key=model_key, output_model_key=output_key,
-                    depends_on=previous, trial=trial)
+                    depends_on=previous, trial=trial, key_id=kid)
         nodes.append(node)
         previous = node.id
         model_key = output_key

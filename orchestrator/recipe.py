@@ -485,6 +485,33 @@ def _check_wiring(recipe: Recipe, stages: dict[str, list[tuple[str, BaseModel]]]
             earlier.append(stage_name)
 
 
+def _check_kinds(recipe: Recipe, stages: dict[str, list[tuple[str, BaseModel]]],
+                 path: Path, marks: Mapping[Loc, tuple[int, int]]) -> None:
+    """Each stage accepts the artifact kind it is given: walk every lineage from the source
+    (a graphdef) through `from:`, tracking the kind and the stage that made it."""
+    from orchestrator.stages import get_stage
+
+    ends: dict[str, tuple[str, str]] = {}  # pipeline -> (kind, who made it)
+    for name in recipe.pipelines:
+        for pipeline in lineage(recipe.pipelines, name):
+            if pipeline in ends:
+                continue
+            parent = recipe.pipelines[pipeline].from_
+            kind, maker = ends[parent] if parent else ("graphdef", "the model source")
+            for index, (stage_name, _) in enumerate(stages[pipeline]):
+                stage = get_stage(stage_name)
+                loc: Loc = ("pipelines", pipeline, "stages", index)
+                if kind not in stage.accepts:
+                    raise make_error(RecipeError, f"{stage_name} accepts "
+                                     f"{' or '.join(sorted(stage.accepts))}; found {kind} "
+                                     f"(made by {maker})", path, loc, marks)
+                if stage.produces is not None and stage.produces != kind:
+                    line, column = marks.get(loc, (None, None))
+                    kind = stage.produces
+                    maker = f"{stage_name} at {path}:{line}:{column}"
+            ends[pipeline] = (kind, maker)
+
+
 def _check_files(loaded: LoadedRecipe) -> None:
     """The model path and data sources exist (cheap checks; shapes are checked at run)."""
     from orchestrator.data import check_source
@@ -600,6 +627,7 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None,
                                           located.marks)
                         for i, entry in enumerate(pipeline.stages)]
     _check_wiring(recipe, stages, path, located.marks)
+    _check_kinds(recipe, stages, path, located.marks)
     loaded = LoadedRecipe(recipe=recipe, path=path, marks=located.marks, raw=data, stages=stages)
     if check_files:
         _check_files(loaded)

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from orchestrator import kinds
 from orchestrator.errors import OutputError
 from orchestrator.executor import NodeOutcome, RunData
 from orchestrator.limits import name_problem
@@ -86,7 +87,7 @@ def build_variant(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, N
     accuracy = metrics.get("accuracy")
     source_accuracy = metrics.get("source_accuracy") if accuracy is not None else None
     variant: dict[str, Any] = {
-        "artifact": f"{name}/model.pb",
+        "artifact": f"{name}/{kinds.file_name(facts.get('kind', kinds.DEFAULT_KIND))}",
         **facts,
         "flops": info.get("flops"),
         "latency_ms": info.get("latency_ms"),
@@ -104,9 +105,13 @@ def build_variant(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, N
         "stages": [{"name": o.node.stage, "seconds": round(o.seconds, 4), "cached": o.cached,
                     **({"warnings": o.warnings} if o.warnings else {})} for o in own],
     }
-    for key in ("ranges",):
+    for key in ("ranges", "memmap", "encryption"):
         if key in info:
             variant[key] = info[key]
+    keyed = [n for n in nodes if n.key_id is not None and n.key_id in plan.keys]
+    if keyed:  # where this run's key came from (a cached result may have had another source)
+        variant["encryption"] = {**variant.get("encryption", {}), "key_id": keyed[-1].key_id,
+                                 "key_source": plan.keys[keyed[-1].key_id].source}
     targets: dict[str, Any] = {}
     for target in plan.recipe.recipe.targets:
         device = devices[target.name]
@@ -165,7 +170,8 @@ def data_summary(plan: Plan) -> dict[str, Any]:
 
 def write_outputs(out_dir: Path, plan: Plan, data: RunData,
                   outcomes: Mapping[str, NodeOutcome], report: Mapping[str, Any]) -> None:
-    """DIR/<pipeline>/ (model.pb, signature.json, stage files) and DIR/report.json.
+    """DIR/<pipeline>/ (the model file of its kind, signature.json, stage files) and
+    DIR/report.json.
 
     Everything is built in a staging folder first; then a few renames, with Ctrl-C held,
     swap the variant folders in and report.json last: the outputs appear whole or not at
@@ -225,10 +231,11 @@ def _write_variant(folder: Path, name: str, plan: Plan, data: RunData,
     key = plan.final_model_key(name)
     if key in data.unstored_models:
         artifact = data.unstored_models[key]
-        (folder / "model.pb").write_bytes(artifact.graph_bytes())
+        (folder / kinds.file_name(artifact.kind)).write_bytes(kinds.to_bytes(artifact))
         (folder / "signature.json").write_text(artifact.signature_json())
     else:  # copy the stored bytes: no need to parse the graph
-        shutil.copyfile(data.store.model_path(key), folder / "model.pb")
+        stored = data.store.model_path(key)
+        shutil.copyfile(stored, folder / stored.name)
         shutil.copyfile(data.store.signature_path(key), folder / "signature.json")
     for node in plan.pipelines[name]:
         outcome = outcomes.get(node.id)
@@ -289,4 +296,8 @@ def print_summary(report: Mapping[str, Any], out_dir: Path, console: Any = None)
         console.print(f"selected for {target}: "
                       + (f"[bold green]{variant}[/]" if variant else "[bold red]none meets "
                          "its budgets[/]"))
-    console.print(f"results: {out_dir}/report.json and {out_dir}/<variant>/model.pb")
+    for name, v in report["variants"].items():
+        if v.get("encryption"):  # where the key came from; never the key
+            console.print(f"{name}: encrypted with key id {v['encryption'].get('key_id')} "
+                          f"from {v['encryption'].get('key_source')}")
+    console.print(f"results: {out_dir}/report.json and the models in {out_dir}/<variant>/")

@@ -16,7 +16,8 @@ from typing import Any
 
 from orchestrator.errors import DataError, ModelSourceError, OutputError, RecipeError
 from orchestrator.executor import NodeOutcome, RunData
-from orchestrator.model import ModelArtifact, TensorSpec, model_facts
+from orchestrator.kinds import facts as model_facts
+from orchestrator.model import ModelArtifact, TensorSpec
 from orchestrator.plan import Plan, build_plan
 from orchestrator.recipe import LoadedRecipe
 from orchestrator.store import Store, StoredResult

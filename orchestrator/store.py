@@ -1,6 +1,7 @@
 """Content-addressed artifact store under `.orchestrator/cache/`.
 
-An entry is a folder named by its cache key, holding the node's model (transform nodes),
+An entry is a folder named by its cache key, holding the node's model (transform nodes: the
+file of its artifact kind, e.g. model.pb or model.enc, and signature.json naming the kind),
 its result (metrics, info, warnings), and any files the stage produced. Entries are written
 into a temporary folder and renamed into place, so a failed or killed run never leaves a
 partial entry, and a present entry is always complete.
@@ -20,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator import kinds
 from orchestrator.errors import OutputError
 from orchestrator.model import ModelArtifact
 from orchestrator.paths import describe_os_error
 
-MODEL_FILE = "model.pb"
 SIGNATURE_FILE = "signature.json"
 RESULT_FILE = "result.json"
 FILES_DIR = "files"
@@ -101,7 +102,8 @@ class Store:
         return (self.entry(key) / RESULT_FILE).is_file()
 
     def has_model(self, key: str) -> bool:
-        return (self.entry(key) / MODEL_FILE).is_file()
+        # the signature is written with the model, in the same atomic rename
+        return (self.entry(key) / SIGNATURE_FILE).is_file()
 
     def put(self, key: str, result: StoredResult, artifact: ModelArtifact | None,
             files: dict[str, bytes], replace: bool = False) -> None:
@@ -123,7 +125,7 @@ class Store:
         tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{key[:12]}.", suffix=".tmp"))
         try:
             if artifact is not None:
-                (tmp / MODEL_FILE).write_bytes(artifact.graph_bytes())
+                (tmp / kinds.file_name(artifact.kind)).write_bytes(kinds.to_bytes(artifact))
                 (tmp / SIGNATURE_FILE).write_text(artifact.signature_json())
             for name, data in files.items():
                 target = tmp / FILES_DIR / name
@@ -154,9 +156,8 @@ class Store:
         return StoredResult(**{k: v for k, v in data.items() if k in known})
 
     def get_model(self, key: str) -> ModelArtifact:
-        entry = self.entry(key)
-        return ModelArtifact.from_bytes((entry / MODEL_FILE).read_bytes(),
-                                        (entry / SIGNATURE_FILE).read_text())
+        signature = self.signature_path(key).read_text()
+        return kinds.load(self.model_path(key).read_bytes(), signature)
 
     def get_signature(self, key: str) -> dict[str, Any]:
         """The stored model's inputs/outputs/metadata, without parsing the graph (no TF)."""
@@ -166,7 +167,9 @@ class Store:
         return self.entry(key) / SIGNATURE_FILE
 
     def model_path(self, key: str) -> Path:
-        return self.entry(key) / MODEL_FILE
+        """The stored model's file, named by its kind (model.pb, model.mmap, model.enc)."""
+        kind = self.get_signature(key).get("kind", kinds.DEFAULT_KIND)
+        return self.entry(key) / kinds.file_name(kind)
 
     def file_path(self, key: str, name: str) -> Path:
         return self.entry(key) / FILES_DIR / name

@@ -87,3 +87,9 @@ def convert_to_constants() -> Any:
     except ImportError as exc:
         raise TFEntryPointMissing(
             "this TensorFlow lacks tensorflow.python.framework.convert_to_constants") from exc
+
+
+def memmapped_directory_proto() -> Any:
+    """A new MemmappedFileSystemDirectory proto (the directory MemmappedEnv reads)."""
+    module = importlib.import_module("tensorflow.core.util.memmapped_file_system_pb2")
+    return module.MemmappedFileSystemDirectory()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import sys
 from collections.abc import Iterator
@@ -17,6 +18,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+# recipes/digits.yaml encrypts its mobile variant: a fresh test key for this session (tests
+# that need no key, or another one, set or delete it with monkeypatch)
+os.environ.setdefault("ORCHESTRATOR_MODEL_KEY", base64.b64encode(os.urandom(32)).decode())
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,8 @@ STAGE_MODULES: dict[str, str] = {
     "log_ranges": "orchestrator.stages.log_ranges",
     "freeze_ranges": "orchestrator.stages.freeze_ranges",
     "compact_names": "orchestrator.stages.compact_names",
+    "memmap": "orchestrator.stages.memmap",
+    "encrypt": "orchestrator.stages.encrypt",
 }
 
 _REGISTRY: dict[str, Stage] = {}

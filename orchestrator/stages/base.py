@@ -14,10 +14,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchestrator.kinds import KIND_MODULES
+
 if TYPE_CHECKING:
     import numpy as np
 
     from orchestrator.devices import Device
+    from orchestrator.keys import ModelKey
     from orchestrator.model import ModelArtifact
 
 
@@ -60,6 +63,9 @@ class StageContext:
     devices: dict[str, Device] = field(default_factory=dict)
     # path relative to the recipe -> bytes: files named by `Stage.file_params`.
     read_file: Callable[[str], bytes] | None = None
+    # key id (None: the key this stage's own params name) -> the model key, resolved by the
+    # runner: keys never travel in params, so they never reach logs, MLflow or cache keys.
+    model_key: Callable[[str | None], ModelKey] | None = None
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("orchestrator.stage"))
 
 
@@ -81,6 +87,8 @@ class StageResult:
 
 
 StageKind = Literal["transform", "measure"]
+# Every artifact kind: the measuring stages run any of them (orchestrator.kinds.runnable).
+ANY_KIND = frozenset(KIND_MODULES)
 
 
 @dataclass(frozen=True)
@@ -95,6 +103,11 @@ class Stage:
     its cache key, and validated up front.
     file_params: params holding a file path relative to the recipe; checked to exist up
     front, read through `StageContext.read_file`, and their content is part of the key.
+    accepts: the artifact kinds (orchestrator.kinds) the stage takes; the recipe's wiring
+    check rejects any other. produces: the kind it makes (None: the kind it was given).
+    uses_key: its params `key_env`/`key_file` name a model key; the plan loads it up front
+    (a missing or bad key is exit 2), puts its key id in the cache key, and the stage gets
+    it through `StageContext.model_key`.
     """
 
     name: str
@@ -106,3 +119,6 @@ class Stage:
     requires_unless: str | None = None
     uses_data: tuple[str, ...] = ()
     file_params: tuple[str, ...] = ()
+    accepts: frozenset[str] = frozenset({"graphdef"})
+    produces: str | None = None
+    uses_key: bool = False

@@ -35,7 +35,7 @@ from pydantic import Field, NonNegativeInt, PositiveInt
 from orchestrator.devices import estimate_latency_ms, precision_of
 from orchestrator.model import ModelArtifact
 from orchestrator.stages import register
-from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
+from orchestrator.stages.base import ANY_KIND, Stage, StageContext, StageParams, StageResult
 
 LATENCY_KEYS = ("count", "first", "mean", "std", "min", "p50", "p90", "max")
 # Weights that live in the memory-mapped file, not on the heap (see the memmap stage).
@@ -53,9 +53,12 @@ class Params(StageParams):
     memory: bool = Field(True, description="Estimate peak memory with one extra traced run.")
 
 
-def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
+def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
+    from orchestrator.kinds import runnable
     from orchestrator.runtime import GraphRunner
 
+    # a memmapped or encrypted model runs as the graph rebuilt from it (decrypted in memory)
+    artifact = runnable(given, ctx.model_key)
     threads = params.threads or os.cpu_count() or 1
     warnings: list[str] = []
     with GraphRunner.for_artifact(artifact, intra_op_threads=threads) as runner:
@@ -92,7 +95,7 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
     if peak is not None:
         info["peak_memory_bytes"] = peak
         metrics["peak_memory_bytes"] = float(peak)
-    return StageResult(artifact=artifact, metrics=metrics, info=info, warnings=warnings)
+    return StageResult(artifact=given, metrics=metrics, info=info, warnings=warnings)
 
 
 def latency_stats(first_ms: float, timed_ms: Sequence[float]) -> dict[str, float]:
@@ -272,4 +275,4 @@ def peak_memory_bytes(graph: Any, step_stats: Any) -> int:
 
 
 STAGE = register(Stage(name="benchmark", run=run, params=Params, doc=__doc__,
-                       kind="measure"))
+                       kind="measure", accepts=ANY_KIND))

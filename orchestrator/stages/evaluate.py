@@ -26,7 +26,7 @@ from pydantic import Field, PositiveInt
 from orchestrator.errors import DataError, StageError
 from orchestrator.model import ModelArtifact
 from orchestrator.stages import register
-from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
+from orchestrator.stages.base import ANY_KIND, Stage, StageContext, StageParams, StageResult
 
 # A sample "agrees" with a non-classifier reference within these tolerances (np.isclose).
 RELATIVE_TOLERANCE = 1e-3
@@ -40,13 +40,16 @@ class Params(StageParams):
         1, description="Also report top-k accuracy (`top<k>_accuracy`) when above 1.")
 
 
-def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
+def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
+    from orchestrator.kinds import runnable
     from orchestrator.runtime import GraphRunner
 
     if ctx.evaluation is None:
         raise StageError("evaluate needs data.evaluation in the recipe",
                          pipeline=ctx.pipeline, stage=ctx.stage)
     data = ctx.evaluation()
+    # a memmapped or encrypted model runs as the graph rebuilt from it (decrypted in memory)
+    artifact = runnable(given, ctx.model_key)
     with GraphRunner.for_artifact(artifact) as runner:
         outputs = runner.predict(data.inputs, params.batch_size)
     reference = ctx.reference_outputs() if ctx.reference_outputs is not None else None
@@ -82,7 +85,7 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
             info["accuracy_drop"] = round(info["source_accuracy"] - info["accuracy"], 6)
     metrics = {k: float(v) for k, v in info.items()
                if k not in ("samples", "output_kind") and v is not None}
-    return StageResult(artifact=artifact, metrics=metrics, info=info, warnings=warnings)
+    return StageResult(artifact=given, metrics=metrics, info=info, warnings=warnings)
 
 
 def is_class_scores(outputs: np.ndarray) -> bool:
@@ -139,4 +142,5 @@ def max_abs_diff(outputs: np.ndarray, reference: np.ndarray) -> float:
 
 
 STAGE = register(Stage(name="evaluate", run=run, params=Params, doc=__doc__,
-                       kind="measure", uses_data=("evaluation",)))
+                       kind="measure", uses_data=("evaluation",),
+                       accepts=ANY_KIND))

@@ -1,0 +1,46 @@
+"""The encrypted kind: an AES-256-GCM blob of another kind (see orchestrator.encryption).
+
+Without the key nothing inside can be read, so its summary facts (params, ops) are those
+the encrypt stage recorded from the plaintext, kept in memory and in the store's result.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from orchestrator.kinds import KeyLookup, signature_fields
+from orchestrator.model import ModelArtifact
+
+NAME = "encrypted"
+FILE_NAME = "model.enc"
+
+
+def to_bytes(artifact: ModelArtifact) -> bytes:
+    assert artifact.payload is not None
+    return artifact.payload
+
+
+def from_bytes(data: bytes, signature: dict[str, Any]) -> ModelArtifact:
+    return ModelArtifact(graph_def=None, kind=NAME, payload=data, **signature_fields(signature))
+
+
+def summary(artifact: ModelArtifact) -> dict[str, Any]:
+    facts = artifact.facts or {}
+    return {"params": facts.get("params", 0), "ops": facts.get("ops", {})}
+
+
+def runnable(artifact: ModelArtifact, keys: KeyLookup | None = None) -> ModelArtifact:
+    """Decrypt in memory with the key its header names, then run the kind inside."""
+    from orchestrator import kinds
+    from orchestrator.encryption import decrypt, read_header
+    from orchestrator.keys import KeyMaterialError
+
+    header = read_header(to_bytes(artifact))
+    if keys is None:
+        raise KeyMaterialError(f"the model is encrypted (key id {header.key_id}) and no key "
+                               "was given")
+    payload_kind, plaintext = decrypt(to_bytes(artifact), keys(header.key_id).secret)
+    signature = json.loads(artifact.signature_json())
+    signature["kind"] = payload_kind
+    return kinds.runnable(kinds.load(plaintext, json.dumps(signature)), keys)

@@ -1,0 +1,40 @@
+"""The memmapped kind: a package `MemmappedEnv` maps (see orchestrator.memmap_format)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from orchestrator.kinds import KeyLookup, signature_fields
+from orchestrator.model import ModelArtifact
+
+NAME = "memmapped"
+FILE_NAME = "model.mmap"
+
+
+def to_bytes(artifact: ModelArtifact) -> bytes:
+    assert artifact.payload is not None
+    return artifact.payload
+
+
+def from_bytes(data: bytes, signature: dict[str, Any]) -> ModelArtifact:
+    return ModelArtifact(graph_def=None, kind=NAME, payload=data, **signature_fields(signature))
+
+
+def summary(artifact: ModelArtifact) -> dict[str, Any]:
+    """Ops as the package's graph has them (ImmutableConst), params of the weights."""
+    from orchestrator.graph_info import summarize
+    from orchestrator.memmap_format import read_package, rebuild
+
+    package = read_package(to_bytes(artifact))
+    return {"params": summarize(rebuild(package))["params"],
+            "ops": dict(Counter(n.op for n in package.graph_def.node))}
+
+
+def runnable(artifact: ModelArtifact, keys: KeyLookup | None = None) -> ModelArtifact:
+    """The graph rebuilt from the package (Consts holding the regions' exact bytes)."""
+    from orchestrator.memmap_format import read_package, rebuild
+
+    return ModelArtifact(graph_def=rebuild(read_package(to_bytes(artifact))),
+                         inputs=artifact.inputs, outputs=artifact.outputs,
+                         metadata=artifact.metadata)

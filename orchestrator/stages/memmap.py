@@ -1,0 +1,67 @@
+"""Convert the graph into a memmapped package (what TF's MemmappedEnv loads on a phone).
+
+Every Const of a plain-old-data dtype (quint8 and qint8 included) of at least
+`min_conversion_size_bytes` becomes an ImmutableConst whose tensor lives in a 64-byte
+aligned region of the package: the app maps the weights instead of copying them to the
+heap. The package is parsed back and checked (alignment, bounds, every region's bytes equal
+to its Const's) before it is returned.
+
+With `measure`, fresh processes load and run the directly runnable variant (weight files +
+ImmutableConst nodes naming them) and the plain frozen graph, and report.json's `memmap`
+gets both load times and resident-memory growths (VmRSS, and RssAnon: the heap).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, NonNegativeInt
+
+from orchestrator.errors import StageError
+from orchestrator.model import ModelArtifact
+from orchestrator.stages import register
+from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
+
+
+class Params(StageParams):
+    min_conversion_size_bytes: NonNegativeInt = Field(
+        10_000, description="Consts of at least this many bytes are memory-mapped (TF's "
+        "convert_graphdef_memmapped_format default).")
+    measure: bool = Field(
+        True, description="Measure load time and memory growth against the frozen graph, "
+        "each in a fresh process (a few seconds).")
+
+
+def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
+    from orchestrator.memmap_format import read_package, tensor_bytes, write_package
+
+    data, _ = write_package(artifact.graph_def, params.min_conversion_size_bytes)
+    package = read_package(data)
+    consts = {n.name: n for n in artifact.graph_def.node}
+    converted = package.converted_nodes()
+    for item in converted:  # each region must hold exactly its Const's bytes
+        if package.region(item["region"]) != tensor_bytes(consts[item["node"]].attr["value"]
+                                                          .tensor):
+            raise StageError(f"region {item['region']} differs from Const {item['node']}",
+                             pipeline=ctx.pipeline, stage=ctx.stage)
+    info = {"regions": len(package.regions), "converted_nodes": len(converted),
+            "converted_bytes": sum(item["bytes"] for item in converted),
+            "min_conversion_size_bytes": params.min_conversion_size_bytes}
+    warnings = []
+    if not converted:
+        warnings.append(f"no Const of {params.min_conversion_size_bytes} bytes or more: "
+                        "nothing is memory-mapped")
+    if params.measure:
+        from orchestrator.memmap_probe import measure
+
+        try:
+            info.update(measure(package, artifact.graph_bytes(),
+                                [s.to_json() for s in artifact.inputs], list(artifact.outputs)))
+        except (RuntimeError, OSError, ValueError) as exc:
+            warnings.append(f"load time and memory not measured: {exc}")
+    result = artifact.replace(graph_def=None, kind="memmapped", payload=data)
+    metrics = {f"memmap_{k}": float(v) for k, v in info.items() if isinstance(v, int | float)}
+    return StageResult(artifact=result, metrics=metrics, info={"memmap": info},
+                       warnings=warnings)
+
+
+STAGE = register(Stage(name="memmap", run=run, params=Params, doc=__doc__,
+                       produces="memmapped"))
