@@ -30,6 +30,8 @@ STAGE_MODULES: dict[str, str] = {
     "log_ranges": "orchestrator.stages.log_ranges",
     "freeze_ranges": "orchestrator.stages.freeze_ranges",
     "compact_names": "orchestrator.stages.compact_names",
+    "ops_header": "orchestrator.stages.ops_header",
+    "graph_view": "orchestrator.stages.graph_view",
 }
 
 _REGISTRY: dict[str, Stage] = {}
