@@ -222,7 +222,8 @@ def tensorboard_events(artifact: ModelArtifact) -> bytes:
 def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
     graph_def = artifact.graph_def
     op_types = len({n.op for n in graph_def.node})
-    title = (f"{ctx.pipeline}: {len(graph_def.node)} nodes, {op_types} op types"
+    # only what the cache key covers: a cached view may serve another pipeline's same model
+    title = (f"{len(graph_def.node)} nodes, {op_types} op types"
              + (f", {len(graph_def.library.function)} functions"
                 if graph_def.library.function else ""))
     dots = {TYPES_DOT: types_dot(artifact, title, params.rankdir)}

@@ -44,10 +44,10 @@ OpEntry = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_>]*(:\
 
 class Params(StageParams):
     extra_ops: list[OpEntry] = Field(
-        default_factory=list, description='More ops to register, as "Op:KernelClass" or "Op" (op only), e.g. '
-        'TF\'s own defaults "NoOp:NoOp", "_Recv:RecvOp", "_Send:SendOp", which a runtime '
-        "needs only for partial runs or graphs split across devices. By default the header "
-        "lists exactly the graph's op types.")
+        default_factory=list, description='More ops to register, as "Op:KernelClass" or '
+        '"Op" (op only). TF\'s own tool adds "NoOp:NoOp", "_Recv:RecvOp" and '
+        '"_Send:SendOp" by default, which a runtime needs only for partial runs or graphs '
+        "split across devices. By default the header lists exactly the graph's op types.")
 
 
 def _node_defs(graph_def: Any) -> Iterable[Any]:

@@ -14,7 +14,7 @@ import quant_fixtures
 from quant_fixtures import apply
 
 from orchestrator.model import ModelArtifact, node_name
-from orchestrator.stages import get_stage
+from orchestrator.stages import StageContext, get_stage
 from orchestrator.stages.graph_view import EVENTS_FILE
 
 cnn = quant_fixtures.cnn
@@ -87,6 +87,15 @@ def test_types_view_has_every_op_type_its_count_and_the_flows(graph: ModelArtifa
              for e in dot_edges(view)}
     assert drawn == dict(expected)
     assert result.metrics == {"graph_nodes": len(ops), "graph_op_types": len(counts)}
+
+
+def test_files_depend_only_on_the_model_and_params(cnn: ModelArtifact) -> None:
+    """What the cache key covers: a view cached for one pipeline may serve another."""
+    stage = get_stage("graph_view")
+    params = stage.params(all_nodes=True)
+    first, second = (stage.run(cnn, params, StageContext(pipeline=name, stage="graph_view"))
+                     for name in ("fp32", "other"))
+    assert first.files == second.files and first.warnings == second.warnings
 
 
 @pytest.mark.parametrize("cluster_by", ["name_scope", "op_type"])
