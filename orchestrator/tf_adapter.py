@@ -93,3 +93,22 @@ def memmapped_directory_proto() -> Any:
     """A new MemmappedFileSystemDirectory proto (the directory MemmappedEnv reads)."""
     module = importlib.import_module("tensorflow.core.util.memmapped_file_system_pb2")
     return module.MemmappedFileSystemDirectory()
+
+
+def kernel_for_node(node_def: Any) -> tuple[str, str | None] | None:
+    """(op type, CPU kernel class name) that TF's selective-registration library finds for
+    `node_def`, or None when no CPU kernel matches it. `node_def` is copied, never changed
+    (the library sets the device of the node it is given)."""
+    fn = _private("tensorflow.python.tools.selective_registration_header_lib",
+                  "get_ops_from_nodedef")
+    copy = type(node_def)()
+    copy.CopyFrom(node_def)
+    return fn(copy)
+
+
+def registration_header(ops_and_kernels: list[tuple[str, str | None]]) -> str:
+    """The text of `ops_to_register.h` (TF's SELECTIVE_REGISTRATION header) for these
+    (op type, kernel class) pairs; a None kernel registers the op alone."""
+    fn = _private("tensorflow.python.tools.selective_registration_header_lib",
+                  "get_header_from_ops_and_kernels")
+    return fn(ops_and_kernels, False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +33,20 @@ def digits_example() -> Path:
 
         make_model.main([])
     return DIGITS
+
+
+@pytest.fixture
+def default_sigint() -> Iterator[None]:
+    """Python's own Ctrl-C handler (KeyboardInterrupt) for one test, restored after.
+
+    A process started in the background by a non-interactive shell inherits SIGINT
+    ignored, and Python then installs no handler: a test that raises SIGINT and expects a
+    KeyboardInterrupt must install the handler it relies on."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture(scope="session")

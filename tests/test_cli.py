@@ -62,6 +62,7 @@ def test_command_result_is_returned(capsys: pytest.CaptureFixture[str]) -> None:
     assert '"pipelines"' in capsys.readouterr().out
 
 
+@pytest.mark.usefixtures("default_sigint")  # also when run with SIGINT ignored
 def test_interrupt_that_a_library_wraps_exits_130(monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     import signal
@@ -85,3 +86,25 @@ def test_interrupt_that_a_library_wraps_exits_130(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(cli, "cmd_validate", plain_bug)
     assert cli.main(["validate", "any.yaml"]) == 70
     assert "internal error: ValueError: a real bug" in capsys.readouterr().err
+
+
+def test_a_run_started_with_sigint_ignored_leaves_it_ignored(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A background job (nohup, `cmd &` from a script) inherits SIGINT ignored: the CLI
+    neither installs a Ctrl-C handler nor leaves one behind."""
+    import signal
+
+    seen: list[object] = []
+
+    def validate(args: object) -> int:
+        seen.append(signal.getsignal(signal.SIGINT))
+        return 0
+
+    monkeypatch.setattr(cli, "cmd_validate", validate)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert cli.main(["validate", "any.yaml"]) == 0
+        assert seen == [signal.SIG_IGN]
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -32,6 +32,8 @@ STAGE_MODULES: dict[str, str] = {
     "compact_names": "orchestrator.stages.compact_names",
     "memmap": "orchestrator.stages.memmap",
     "encrypt": "orchestrator.stages.encrypt",
+    "ops_header": "orchestrator.stages.ops_header",
+    "graph_view": "orchestrator.stages.graph_view",
 }
 
 _REGISTRY: dict[str, Stage] = {}
