@@ -7,6 +7,8 @@ A kind module defines:
 - `summary(artifact) -> {"params", "ops"}`: summarize_graph facts of the model inside;
 - `runnable(artifact, keys) -> ModelArtifact`: a graphdef artifact that computes the same
   outputs, for the measuring stages (`keys` finds a model key by key id, for encrypted).
+- `deployed_graph(artifact, keys) -> GraphDef`: the graph an app loads from the file, as it
+  is (ImmutableConst nodes for memmapped), for the stages that describe what ships.
 
 Adding a kind (tflite) is one module and one line in KIND_MODULES; stages say which kinds
 they accept in their `Stage` record, and the recipe's wiring check enforces it.
@@ -59,6 +61,11 @@ def load(data: bytes, signature_json: str) -> ModelArtifact:
 def runnable(artifact: ModelArtifact, keys: KeyLookup | None = None) -> ModelArtifact:
     """A graphdef artifact computing the same outputs (the measuring stages run this)."""
     return get_kind(artifact.kind).runnable(artifact, keys)
+
+
+def deployed_graph(artifact: ModelArtifact, keys: KeyLookup | None = None) -> Any:
+    """The GraphDef an app loads from the shipped file (ops_header, graph_view)."""
+    return get_kind(artifact.kind).deployed_graph(artifact, keys)
 
 
 def facts(artifact: ModelArtifact) -> dict[str, Any]:

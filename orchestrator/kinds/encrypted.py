@@ -30,8 +30,8 @@ def summary(artifact: ModelArtifact) -> dict[str, Any]:
     return {"params": facts.get("params", 0), "ops": facts.get("ops", {})}
 
 
-def runnable(artifact: ModelArtifact, keys: KeyLookup | None = None) -> ModelArtifact:
-    """Decrypt in memory with the key its header names, then run the kind inside."""
+def _inner(artifact: ModelArtifact, keys: KeyLookup | None) -> ModelArtifact:
+    """The artifact inside, decrypted in memory with the key its header names."""
     from orchestrator import kinds
     from orchestrator.encryption import decrypt, read_header
     from orchestrator.keys import KeyMaterialError
@@ -43,4 +43,18 @@ def runnable(artifact: ModelArtifact, keys: KeyLookup | None = None) -> ModelArt
     payload_kind, plaintext = decrypt(to_bytes(artifact), keys(header.key_id).secret)
     signature = json.loads(artifact.signature_json())
     signature["kind"] = payload_kind
-    return kinds.runnable(kinds.load(plaintext, json.dumps(signature)), keys)
+    return kinds.load(plaintext, json.dumps(signature))
+
+
+def runnable(artifact: ModelArtifact, keys: KeyLookup | None = None) -> ModelArtifact:
+    """Decrypt in memory, then run the kind inside."""
+    from orchestrator import kinds
+
+    return kinds.runnable(_inner(artifact, keys), keys)
+
+
+def deployed_graph(artifact: ModelArtifact, keys: KeyLookup | None = None) -> Any:
+    """The graph of the kind inside, as the app loads it once decrypted."""
+    from orchestrator import kinds
+
+    return kinds.deployed_graph(_inner(artifact, keys), keys)

@@ -30,5 +30,9 @@ def summary(artifact: ModelArtifact) -> dict[str, Any]:
     return {"params": found["params"], "ops": found["op_counts"]}
 
 
+def deployed_graph(artifact: ModelArtifact, keys: KeyLookup | None = None) -> Any:
+    return artifact.graph_def
+
+
 def runnable(artifact: ModelArtifact, keys: KeyLookup | None = None) -> ModelArtifact:
     return artifact

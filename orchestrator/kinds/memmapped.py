@@ -31,6 +31,13 @@ def summary(artifact: ModelArtifact) -> dict[str, Any]:
             "ops": dict(Counter(n.op for n in package.graph_def.node))}
 
 
+def deployed_graph(artifact: ModelArtifact, keys: KeyLookup | None = None) -> Any:
+    """The package's own graph: ImmutableConst nodes over its regions."""
+    from orchestrator.memmap_format import read_package
+
+    return read_package(to_bytes(artifact)).graph_def
+
+
 def runnable(artifact: ModelArtifact, keys: KeyLookup | None = None) -> ModelArtifact:
     """The graph rebuilt from the package (Consts holding the regions' exact bytes)."""
     from orchestrator.memmap_format import read_package, rebuild

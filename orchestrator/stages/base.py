@@ -122,3 +122,16 @@ class Stage:
     accepts: frozenset[str] = frozenset({"graphdef"})
     produces: str | None = None
     uses_key: bool = False
+
+
+def shipped_graph(artifact: ModelArtifact, ctx: StageContext) -> ModelArtifact:
+    """The graph inside `artifact` as an app loads it (ImmutableConst nodes for memmapped;
+    decrypted in memory for encrypted), as a graphdef artifact: what the stages that
+    describe the shipped model (ops_header, graph_view) look at."""
+    if artifact.kind == "graphdef":
+        return artifact
+    from orchestrator.kinds import deployed_graph
+    from orchestrator.model import ModelArtifact as Artifact
+
+    return Artifact(graph_def=deployed_graph(artifact, ctx.model_key), inputs=artifact.inputs,
+                    outputs=artifact.outputs, metadata=artifact.metadata)

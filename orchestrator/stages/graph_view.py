@@ -23,7 +23,14 @@ from pydantic import Field
 
 from orchestrator.model import ModelArtifact, node_name
 from orchestrator.stages import register
-from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
+from orchestrator.stages.base import (
+    ANY_KIND,
+    Stage,
+    StageContext,
+    StageParams,
+    StageResult,
+    shipped_graph,
+)
 
 TYPES_DOT = "graph.dot"
 NODES_DOT = "graph_nodes.dot"
@@ -219,7 +226,8 @@ def tensorboard_events(artifact: ModelArtifact) -> bytes:
             tf.io.gfile.remove(path)
 
 
-def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
+def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
+    artifact = shipped_graph(given, ctx)  # as the app loads it (memmapped, decrypted)
     graph_def = artifact.graph_def
     op_types = len({n.op for n in graph_def.node})
     # only what the cache key covers: a cached view may serve another pipeline's same model
@@ -246,10 +254,10 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
                                 f"written: `dot -Tsvg {name} -o {svg_name}`")
     if params.tensorboard:
         files[EVENTS_FILE] = tensorboard_events(artifact)
-    return StageResult(artifact=artifact, files=files, warnings=warnings,
+    return StageResult(artifact=given, files=files, warnings=warnings,
                        metrics={"graph_nodes": float(len(graph_def.node)),
                                 "graph_op_types": float(op_types)})
 
 
 STAGE = register(Stage(name="graph_view", run=run, params=Params, doc=__doc__,
-                       kind="measure"))
+                       kind="measure", accepts=ANY_KIND))

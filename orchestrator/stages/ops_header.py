@@ -27,7 +27,14 @@ from pydantic import Field, StringConstraints
 
 from orchestrator.model import ModelArtifact
 from orchestrator.stages import register
-from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
+from orchestrator.stages.base import (
+    ANY_KIND,
+    Stage,
+    StageContext,
+    StageParams,
+    StageResult,
+    shipped_graph,
+)
 
 HEADER = "ops_to_register.h"
 OPS_JSON = "ops.json"
@@ -103,11 +110,13 @@ def _table(ops: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
+def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
     import tensorflow as tf
 
     from orchestrator import tf_adapter
 
+    # the graph the app loads: a memmapped model needs ImmutableConst registered, not Const
+    artifact = shipped_graph(given, ctx)
     counts, kernels = ops_and_kernels(artifact.graph_def)
     warnings = []
     for op in sorted(op for op, found in kernels.items() if not found):
@@ -142,7 +151,7 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
         OPS_TEXT: _table(ops).encode(),
     }
     kernel_classes = {k for _, k in ordered if k}
-    return StageResult(artifact=artifact, files=files, warnings=warnings,
+    return StageResult(artifact=given, files=files, warnings=warnings,
                        info={"ops_header": {"op_types": sorted(ops),
                                             "kernel_classes": sorted(kernel_classes)}},
                        metrics={"op_types": float(len(ops)),
@@ -150,4 +159,4 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
 
 
 STAGE = register(Stage(name="ops_header", run=run, params=Params, doc=__doc__,
-                       kind="measure"))
+                       kind="measure", accepts=ANY_KIND))

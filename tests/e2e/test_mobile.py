@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -72,6 +73,18 @@ def test_mobile_pipeline_and_the_key_never_leaks(digits_example: Path, workspace
                       (out / "int8" / "signature.json").read_text())
     model = load_encrypted(out / "mobile" / "model.enc", key=key)
     assert np.array_equal(predict(model, x), predict(int8, x))
+
+    # ops_to_register.h names exactly the op types of the graph the app loads: the
+    # package's own, ImmutableConst included (decrypted in memory to read it)
+    from orchestrator.encryption import decrypt
+    from orchestrator.memmap_format import read_package
+
+    _, package = decrypt((out / "mobile" / "model.enc").read_bytes(), key)
+    shipped_ops = {node.op for node in read_package(package).graph_def.node}
+    header = (out / "mobile" / "ops_to_register.h").read_text()
+    body = header.split("ShouldRegisterOp(const char op[]) {", 1)[1].split("}", 1)[0]
+    assert "ImmutableConst" in shipped_ops
+    assert set(re.findall(r'isequal\(op, "([^"]+)"\)', body)) == shipped_ops
 
     # the key, in any form, in no file of the run: outputs, cache, MLflow db and artifacts
     forms = key_forms(key)
