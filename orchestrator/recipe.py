@@ -528,6 +528,13 @@ def _check_files(loaded: LoadedRecipe) -> None:
         message = ("model path does not exist" if problem == "not found"
                    else f"cannot read the model path: {problem}")
         raise loaded.error(f"{message}: {model_path}", ("model", "path"), ModelSourceError)
+    if model_path.is_dir() and recipe.model.format == "auto":  # cheap: names only, no TF
+        from orchestrator.sources import detect_format
+
+        try:
+            detect_format(model_path)
+        except ModelSourceError as exc:
+            raise loaded.relocate(exc, ("model", "path")) from exc
     # a declared input's dtype (only: shapes are checked at run, against the model) lets a
     # string-input model take string arrays; otherwise data must be numbers
     declared = None
@@ -598,9 +605,12 @@ def _recipe_path(path: str | Path) -> Path:
     """The recipe's absolute path, through symlinks when they resolve (a loop is reported
     when the file is read)."""
     try:
-        return Path(path).resolve()
+        resolved = Path(path).resolve()
     except (OSError, RuntimeError, ValueError):
         return Path(os.path.abspath(path))
+    # a link to something that is no recipe (/dev/zero): name the path the user gave
+    return resolved if paths.path_problem(resolved, "file") is None else Path(
+        os.path.abspath(path))
 
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None,

@@ -85,7 +85,14 @@ def preflight_data(loaded: LoadedRecipe, data: RunData) -> None:
         if recipe.data.evaluation is not None:
             data.evaluation_data  # noqa: B018  (loads and checks shapes)
         if recipe.data.representative is not None:
-            next(iter(data.representative(1, 1)), None)
+            from orchestrator.data import source_kind
+
+            source = recipe.data.representative
+            if source_kind(source, loaded.base_dir, "data.representative") == "npz":
+                for _ in data.representative(None, 1024):  # memory-mapped: a cheap scan
+                    pass  # NaN anywhere is found now, not after stages ran
+            else:
+                next(iter(data.representative(1, 1)), None)
     except DataError as exc:
         role = "evaluation" if "evaluation" in (exc.field or "") else (
             "representative" if "representative" in (exc.field or "") else None)

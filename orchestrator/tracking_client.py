@@ -48,6 +48,9 @@ class TrackingClient:
             [sys.executable, "-m", "orchestrator.tracking"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, text=True, encoding="utf-8",
             # MLflow prints "View run at <tracking URI>", credentials and all
+            # its own process group: Ctrl-C for the run must not hit its Python mid start-up
+            # (the run decides how tracking ends; a dead run ends its stdin)
+            process_group=0,
             env={**os.environ, "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
                  PROBE_ENV: self.tracking_uri})
         self._started = False

@@ -6,12 +6,19 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from robust_helpers import FUZZ_FAILURES, FUZZ_OUTCOMES, base_env
+from robust_helpers import (
+    FUZZ_FAILURES,
+    FUZZ_OUTCOMES,
+    TEST_MODEL_KEY,
+    base_env,
+    drop_file_access_override,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -20,6 +27,7 @@ def _fixed_locale_and_zone(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("TZ", "UTC")
     monkeypatch.setenv("LC_ALL", "C.UTF-8")
     monkeypatch.setenv("LANG", "C.UTF-8")
+    monkeypatch.setenv("ORCHESTRATOR_MODEL_KEY", TEST_MODEL_KEY)
     if hasattr(time, "tzset"):
         time.tzset()
     yield
@@ -113,22 +121,23 @@ def mounts(tmp_path: Path) -> Iterator[Mounts]:
         found.unmount_all()
 
 
-@pytest.fixture
-def as_unprivileged() -> Callable[[], int | None]:
-    """The uid to drop to when we are root (root reads files chmod 000 anyway), else None."""
-    def uid() -> int | None:
-        if os.geteuid() != 0:
-            return None
-        import pwd
-
-        try:
-            return pwd.getpwnam("nobody").pw_uid
-        except KeyError:
-            pytest.skip("running as root, where chmod 000 does not stop reads, and there is "
-                        "no 'nobody' user to drop to")
-        return None
-
-    return uid
+@pytest.fixture(scope="session")
+def unprivileged(tmp_path_factory: pytest.TempPathFactory) -> bool:
+    """Whether subprocesses must drop root's file-access override so that chmod 000 and
+    read-only modes apply to them (True when we are root). Tried for real: skips, with the
+    reason, where the kernel refuses to drop it."""
+    if os.geteuid() != 0:
+        return False
+    probe = tmp_path_factory.mktemp("cap-probe") / "secret"
+    probe.write_text("x")
+    probe.chmod(0)
+    done = subprocess.run(
+        [sys.executable, "-c", f"open({str(probe)!r}).read()"], capture_output=True,
+        text=True, preexec_fn=drop_file_access_override)
+    if "PermissionError" not in done.stderr:
+        pytest.skip("running as root, where chmod 000 does not stop reads, and dropping "
+                    f"CAP_DAC_OVERRIDE did not help: {done.stderr.strip()[-300:] or 'read ok'}")
+    return True
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:  # noqa: D103

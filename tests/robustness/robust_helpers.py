@@ -8,6 +8,7 @@ exit 70, and nothing written to `-o DIR` or the store's cache.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -40,6 +41,10 @@ RUN_TIMEOUT_S = 180
 # about 2 GB of address space.
 VALIDATE_MEMORY_CAP = 2 << 30
 RUN_MEMORY_CAP = 8 << 30
+
+# recipes/digits.yaml's `mobile` pipeline encrypts its model: a throwaway key for the
+# session (as `orchestrator keygen` would make), never a real one.
+TEST_MODEL_KEY = base64.b64encode(os.urandom(32)).decode()
 
 # Outcomes of every fuzzed example, printed at the end of the session (conftest).
 FUZZ_OUTCOMES: Counter[str] = Counter()
@@ -159,16 +164,22 @@ _NOISE = re.compile(r"^(\d{4}[/-]\d\d[/-]\d\d|\d\d:\d\d:\d\d|[IWE]\d{4} |WARNING
                     r"WARNING:|E0000|W0000|I0000|\s*$)")
 
 
-def check_clean_error(code: int, err: str, *names: str | Path, exit_code: int = 2) -> str:
+_PROGRESS = re.compile(r"^\s+[✓✗·…⠀-⣿]|^\s+\S+ › ")
+
+
+def check_clean_error(code: int, err: str, *names: str | Path, exit_code: int = 2,
+                      progress_ok: bool = False) -> str:
     """The exit code, an `error: ` line naming each of `names`, no traceback. Returns the
-    error line. Lines a library logged before ours (timestamps, absl) are tolerated."""
+    error line. Lines a library logged before ours (timestamps, absl) are tolerated, and
+    with `progress_ok` (an error found mid-run) the stage progress lines."""
     assert code != 70, f"internal error (exit 70):\n{err[-4000:]}"
     assert "Traceback" not in err, err[-4000:]
     assert code == exit_code, f"exit {code}, expected {exit_code}:\n{err[-4000:]}"
     lines = err.splitlines()
     index = next((i for i, line in enumerate(lines) if line.startswith("error: ")), None)
     assert index is not None, f"no line starting with 'error: ' in stderr:\n{err[-4000:]}"
-    before = [line for line in lines[:index] if not _NOISE.match(line)]
+    before = [line for line in lines[:index] if not _NOISE.match(line)
+              and not (progress_ok and _PROGRESS.match(line))]
     assert not before, f"stderr does not start with 'error: ': {before[:5]}"
     message = "\n".join(lines[index:])
     for name in names:
@@ -208,7 +219,7 @@ def base_env(home: Path, tracking_uri: str | None, prefect_api_url: str | None,
     env.update(LC_ALL="C.UTF-8", LANG="C.UTF-8", TZ="UTC", PYTHONUNBUFFERED="1",
                PYTHONDONTWRITEBYTECODE="1", ORCHESTRATOR_HOME=str(home),
                TF_CPP_MIN_LOG_LEVEL="2", PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_LOGGING_LEVEL="WARNING")
+               PREFECT_LOGGING_LEVEL="WARNING", ORCHESTRATOR_MODEL_KEY=TEST_MODEL_KEY)
     if tracking_uri is not None:
         env["MLFLOW_TRACKING_URI"] = tracking_uri
     if prefect_api_url is not None:
@@ -217,7 +228,24 @@ def base_env(home: Path, tracking_uri: str | None, prefect_api_url: str | None,
     return env
 
 
-def _preexec(memory_cap: int | None, user: int | None = None):  # noqa: ANN202
+_PR_CAPBSET_DROP = 24
+_CAP_DAC_OVERRIDE, _CAP_DAC_READ_SEARCH = 1, 2
+
+
+def drop_file_access_override() -> None:
+    """Drop CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH from the bounding set: a root process
+    exec'd after this is refused files that chmod 000 (or a folder's mode) forbids, like
+    any other user. Raises OSError where the kernel does not allow it."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (_CAP_DAC_OVERRIDE, _CAP_DAC_READ_SEARCH):
+        if libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, os.strerror(errno))
+
+
+def _preexec(memory_cap: int | None, unprivileged: bool = False):  # noqa: ANN202
     def setup() -> None:
         import resource
 
@@ -225,10 +253,8 @@ def _preexec(memory_cap: int | None, user: int | None = None):  # noqa: ANN202
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         if memory_cap is not None:
             resource.setrlimit(resource.RLIMIT_AS, (memory_cap, memory_cap))
-        if user is not None:
-            os.setgroups([])
-            os.setgid(user)
-            os.setuid(user)
+        if unprivileged:
+            drop_file_access_override()
 
     return setup
 
@@ -243,14 +269,15 @@ class Done:
 
 def cli_subprocess(args: Sequence[str | Path], env: Mapping[str, str], cwd: Path,
                    timeout: float = LOAD_TIMEOUT_S, memory_cap: int | None = None,
-                   user: int | None = None) -> Done:
+                   unprivileged: bool = False) -> Done:
     """`orchestrator ARGS` as a child in its own session; on timeout, its whole process
-    group is killed and `code` is None."""
+    group is killed and `code` is None. `unprivileged`: without root's power to read and
+    write any file (see drop_file_access_override)."""
     started = time.monotonic()
     process = subprocess.Popen([PYTHON, "-c", _CHILD, *map(str, args)], env=dict(env),
                                cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                stdin=subprocess.DEVNULL, text=True, start_new_session=True,
-                               preexec_fn=_preexec(memory_cap, user))
+                               preexec_fn=_preexec(memory_cap, unprivileged))
     try:
         out, err = process.communicate(timeout=timeout)
         code: int | None = process.returncode
@@ -316,13 +343,82 @@ PER_RUN_KEYS = {"latency_ms", "latency_p50_ms", "latency_mean_ms", "seconds", "c
                 "load_seconds", "started", "finished", "duration_s", "elapsed_s"}
 
 
+# ... and by their names: load times, RSS, measured latencies and memory (est_*, max_*
+# and min_* are estimates and budgets, the same in every run).
+_PER_RUN_NAME = re.compile(r"rss|growth|load|seconds|time|peak|memory|_ms$|_s$|_at$")
+
+
+def is_per_run(key: str) -> bool:
+    return key in PER_RUN_KEYS or (bool(_PER_RUN_NAME.search(key.lower()))
+                                   and not key.startswith(("est_", "max_", "min_")))
+
+
 def comparable_report(report: Any, out_dir: Path | None = None) -> Any:
     """The report without per-run fields (recursively), output paths made generic."""
     if isinstance(report, dict):
         return {k: comparable_report(v, out_dir) for k, v in report.items()
-                if k not in PER_RUN_KEYS and not k.endswith(("_seconds", "_time", "_at"))}
+                if not is_per_run(str(k))}
     if isinstance(report, list):
         return [comparable_report(v, out_dir) for v in report]
     if isinstance(report, str) and out_dir is not None:
         return report.replace(str(out_dir), "<OUT>")
     return report
+
+
+# ---------------------------------------------------------------- runs to interrupt
+
+
+@dataclass
+class Started:
+    process: subprocess.Popen[bytes]
+    stderr_path: Path
+    stdout_path: Path
+    started: float
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def stdout(self) -> str:
+        return self.stdout_path.read_text(errors="replace")
+
+
+def start_cli(args: Sequence[str | Path], env: Mapping[str, str], cwd: Path,
+              logs: Path) -> Started:
+    """`orchestrator ARGS` started in its own session (process group), SIGINT at its
+    default handler; stdout and stderr to files under `logs`."""
+    logs.mkdir(parents=True, exist_ok=True)
+    out_path, err_path = logs / "stdout.txt", logs / "stderr.txt"
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        process = subprocess.Popen([PYTHON, "-c", _CHILD, *map(str, args)], env=dict(env),
+                                   cwd=cwd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                   start_new_session=True, preexec_fn=_preexec(RUN_MEMORY_CAP))
+    return Started(process, err_path, out_path, time.monotonic())
+
+
+def session_processes(sid: int) -> list[tuple[int, str]]:
+    """Live processes of session `sid` (pid, command line)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getsid(int(entry.name)) != sid:
+                continue
+            status = (entry / "stat").read_text()
+            if status.rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(
+                errors="replace")
+        except (OSError, ProcessLookupError):
+            continue
+        found.append((int(entry.name), cmdline))
+    return found
+
+
+def wait_for(condition: Any, timeout: float, interval: float = 0.005) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval)
+    return bool(condition())

@@ -1,0 +1,128 @@
+"""Issue 9, Ctrl-C: a real SIGINT to the process group of `orchestrator run`, at each phase
+of a run: while it loads the model, while stages run, while outputs are written. Each
+time: exit 130, no traceback, `-o DIR` holds a whole set of outputs (report.json and every
+variant folder it lists) or nothing of this run, the cache holds no partial entry, no
+process of the run is left behind, and a re-run afterwards succeeds.
+
+The phase is found by watching the run: the tracking worker it starts before loading the
+model, cache entries appearing, the output folder appearing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from robust_helpers import (
+    RECIPES,
+    RUN_TIMEOUT_S,
+    Started,
+    cache_entries,
+    kill_group,
+    output_is_whole_or_absent,
+    partial_cache_entries,
+    session_processes,
+    start_cli,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slow
+
+RECIPE = RECIPES / "digits.yaml"  # every pipeline kind the project ships
+
+
+def interrupt_when(condition: Callable[[Started], bool], tmp_path: Path, env: dict[str, str],
+                   name: str, delay_s: float = 0.0,
+                   interval: float = 0.005) -> tuple[int | None, str, bool]:
+    """Start a run; once `condition` holds (and `delay_s` more), SIGINT its process group.
+    Returns (exit code, stderr, whether the signal was sent while it ran)."""
+    run = start_cli(["run", RECIPE, "-o", tmp_path / "out"], env, tmp_path, tmp_path / name)
+    sent = False
+    try:
+        seen = wait_for(lambda: condition(run) or run.process.poll() is not None,
+                        RUN_TIMEOUT_S, interval)
+        assert seen, f"{name}: the phase never came:\n{run.stderr()[-3000:]}"
+        if delay_s:
+            time.sleep(delay_s)
+        if run.process.poll() is None:
+            os.killpg(run.process.pid, signal.SIGINT)
+            sent = True
+        code = run.process.wait(timeout=RUN_TIMEOUT_S)
+    except BaseException:
+        kill_group(run.process)
+        run.process.wait()
+        raise
+    # what the run started ends with it (the tracking worker, a per-run server)
+    left = []
+    if not wait_for(lambda: not session_processes(run.process.pid), 20, 0.1):
+        left = session_processes(run.process.pid)
+        kill_group(run.process)
+    print(f"{name}: SIGINT {'sent' if sent else 'not sent (the run had ended)'} after "
+          f"{time.monotonic() - run.started:.1f} s; exit {code}")
+    assert not left, f"{name}: processes of the run left behind: {left}"
+    return code, run.stderr(), sent
+
+
+def check_after_interrupt(code: int | None, err: str, sent: bool, tmp_path: Path) -> str:
+    if sent:
+        assert code == 130, f"exit {code} after Ctrl-C:\n{err[-3000:]}"
+    else:
+        assert code == 0, err[-3000:]
+    assert "Traceback" not in err, err[-4000:]
+    state = output_is_whole_or_absent(tmp_path / "out")
+    assert partial_cache_entries(tmp_path / ".orchestrator") == []
+    print(f"-o after the interrupt: {state}")
+    return state
+
+
+def rerun_succeeds(tmp_path: Path, env: dict[str, str]) -> None:
+    run = start_cli(["run", RECIPE, "-o", tmp_path / "out"], env, tmp_path, tmp_path / "rerun")
+    try:
+        code = run.process.wait(timeout=RUN_TIMEOUT_S)
+    finally:
+        kill_group(run.process)
+    assert code == 0, run.stderr()[-3000:]
+    assert output_is_whole_or_absent(tmp_path / "out") == "whole"
+    assert partial_cache_entries(tmp_path / ".orchestrator") == []
+
+
+def test_ctrl_c_at_each_phase(digits_example: Path, tmp_path: Path,
+                              run_env: dict[str, str]) -> None:
+    """One store and `-o DIR`, interrupted in turn while loading (as the tracking worker
+    starts, and half a second later, while the model loads), while stages run and while
+    outputs are written; then a plain re-run. One test, so that the later phases reuse the
+    earlier runs' cache entries (a cold run takes 15-20 s on a 2-core machine); a phase
+    that fails is reported with the others at the end."""
+    home, out = tmp_path / ".orchestrator", tmp_path / "out"
+    failures: list[str] = []
+
+    def phase(name: str, condition: Callable[[Started], bool], delay_s: float = 0.0,
+              interval: float = 0.005, expect_absent: bool = False) -> None:
+        try:
+            code, err, sent = interrupt_when(condition, tmp_path, run_env, name, delay_s,
+                                             interval)
+            check_after_interrupt(code, err, sent, tmp_path)
+            if expect_absent:
+                assert output_is_whole_or_absent(out) == "absent"
+        except AssertionError as exc:
+            failures.append(f"{name}: {str(exc)[:1500]}")
+
+    def loading(run: Started) -> bool:  # the tracking worker starts as the model loads
+        return any("orchestrator.tracking" in cmd
+                   for _, cmd in session_processes(run.process.pid))
+
+    phase("loading, as the tracking worker starts", loading, interval=0.02,
+          expect_absent=True)
+    phase("loading the model", loading, delay_s=0.5, interval=0.02, expect_absent=True)
+    # once a first stage's entry is in the cache (the source model's may be there)
+    already = len(cache_entries(home))
+    phase("stages", lambda run: len(cache_entries(home)) > max(already, 1))
+    phase("writing outputs", lambda run: out.exists())
+    try:
+        rerun_succeeds(tmp_path, run_env)
+    except AssertionError as exc:
+        failures.append(f"re-run: {str(exc)[:1500]}")
+    assert not failures, "\n\n".join(failures)
