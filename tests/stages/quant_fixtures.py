@@ -186,3 +186,17 @@ def chain(artifact: ModelArtifact, x: np.ndarray, *names: str) -> ModelArtifact:
         artifact = apply(name, artifact, x).artifact
     return artifact
 
+
+@pytest.fixture(scope="module")
+def int8(cnn, digits) -> ModelArtifact:  # noqa: ANN001
+    """The digits CNN through quantize_weights, quantize_nodes, log_ranges, freeze_ranges."""
+    artifact = apply("quantize_weights", cnn).artifact
+    artifact = apply("quantize_nodes", artifact).artifact
+    artifact = apply("log_ranges", artifact, digits["x_calib"], samples=100).artifact
+    return apply("freeze_ranges", artifact).artifact
+
+
+@pytest.fixture(params=["fp32", "int8"])
+def fp32_and_int8(request: pytest.FixtureRequest) -> ModelArtifact:
+    """Each test runs on the float CNN and on its 8-bit graph (bind `int8` too)."""
+    return request.getfixturevalue("cnn" if request.param == "fp32" else "int8")

@@ -23,18 +23,8 @@ digits = quant_fixtures.digits
 NO_DOT = "Graphviz's `dot` is not on PATH (apt-get install graphviz / brew install graphviz)"
 
 
-@pytest.fixture(scope="module")
-def int8(cnn, digits) -> ModelArtifact:  # noqa: ANN001
-    """The digits CNN through quantize_weights, quantize_nodes, log_ranges, freeze_ranges."""
-    artifact = apply("quantize_weights", cnn).artifact
-    artifact = apply("quantize_nodes", artifact).artifact
-    artifact = apply("log_ranges", artifact, digits["x_calib"], samples=100).artifact
-    return apply("freeze_ranges", artifact).artifact
-
-
-@pytest.fixture(params=["fp32", "int8"])
-def graph(request: pytest.FixtureRequest) -> ModelArtifact:
-    return request.getfixturevalue("cnn" if request.param == "fp32" else "int8")
+int8 = quant_fixtures.int8  # the digits CNN through the whole 8-bit path
+graph = quant_fixtures.fp32_and_int8
 
 
 def parse(dot: bytes) -> pydot.Dot:
