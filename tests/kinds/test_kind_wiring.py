@@ -53,11 +53,11 @@ def test_quantize_nodes_itself_rejects_encrypted(digits_example: Path, tmp_path:
 
 
 def test_the_table_of_kinds() -> None:
-    """Measuring stages take every kind; memmap and encrypt say what they make."""
+    """Measuring and describing stages take every kind; memmap and encrypt say what they make."""
     from orchestrator.kinds import KIND_MODULES
     from orchestrator.stages import get_stage
 
-    for name in ("benchmark", "evaluate"):
+    for name in ("benchmark", "evaluate", "ops_header", "graph_view"):
         assert get_stage(name).accepts == frozenset(KIND_MODULES)
     assert (get_stage("memmap").accepts, get_stage("memmap").produces) == (
         frozenset({"graphdef"}), "memmapped")
@@ -68,5 +68,5 @@ def test_the_table_of_kinds() -> None:
 
 def test_digits_recipe_mobile_pipeline_is_valid() -> None:
     loaded = load_recipe(ROOT / "recipes" / "digits.yaml", check_files=False)
-    assert [name for name, _ in loaded.stages["mobile"]] == ["memmap", "encrypt", "benchmark",
-                                                              "evaluate"]
+    assert [name for name, _ in loaded.stages["mobile"]] == ["memmap", "encrypt", "ops_header",
+                                                              "benchmark", "evaluate"]
