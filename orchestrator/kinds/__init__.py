@@ -63,6 +63,17 @@ def runnable(artifact: ModelArtifact, keys: KeyLookup | None = None) -> ModelArt
     return get_kind(artifact.kind).runnable(artifact, keys)
 
 
+def payload_bytes(artifact: ModelArtifact) -> bytes:
+    """`to_bytes` of the kinds whose file is an opaque payload (memmapped, encrypted)."""
+    assert artifact.payload is not None
+    return artifact.payload
+
+
+def payload_artifact(kind: str, data: bytes, signature: Mapping[str, Any]) -> ModelArtifact:
+    """`from_bytes` of the payload kinds: the file's bytes as they are, no graph parsed."""
+    return ModelArtifact(graph_def=None, kind=kind, payload=data, **signature_fields(signature))
+
+
 def deployed_graph(artifact: ModelArtifact, keys: KeyLookup | None = None) -> Any:
     """The GraphDef an app loads from the shipped file (ops_header, graph_view)."""
     return get_kind(artifact.kind).deployed_graph(artifact, keys)

@@ -9,20 +9,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from orchestrator.kinds import KeyLookup, signature_fields
+from orchestrator.kinds import KeyLookup, payload_artifact, payload_bytes
 from orchestrator.model import ModelArtifact
 
 NAME = "encrypted"
 FILE_NAME = "model.enc"
 
 
-def to_bytes(artifact: ModelArtifact) -> bytes:
-    assert artifact.payload is not None
-    return artifact.payload
+to_bytes = payload_bytes
 
 
 def from_bytes(data: bytes, signature: dict[str, Any]) -> ModelArtifact:
-    return ModelArtifact(graph_def=None, kind=NAME, payload=data, **signature_fields(signature))
+    return payload_artifact(NAME, data, signature)
 
 
 def summary(artifact: ModelArtifact) -> dict[str, Any]:
