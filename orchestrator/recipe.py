@@ -398,6 +398,8 @@ def _pydantic_error(exc: ValidationError, path: Path, marks: Mapping[Loc, tuple[
     elif kind == "missing":
         message = f"missing required field {loc[-1]!r}"
         loc = loc[:-1]  # the mapping that lacks it: the key itself has no line
+    elif kind == "value_error":  # our own validators' messages say what was found
+        message = str(err["msg"]).removeprefix("Value error, ")
     else:
         message = f"{err['msg']}; found {_shown(err.get('input'))}"
     return make_error(RecipeError, message, path, loc, marks)

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
 
 from orchestrator.devices import Device
 from orchestrator.limits import MAX_PIPELINES, MAX_STAGES_PER_PIPELINE, MAX_TARGETS
@@ -109,6 +117,67 @@ class Tune(Strict):
         "0 <= p < 50.")
 
 
+class Schedule(Strict):
+    """When `orchestrator deploy` runs the recipe unattended (a Prefect cron schedule)."""
+
+    cron: str = Field(description="A cron expression, e.g. '0 3 * * *' (03:00 daily).")
+    timezone: str = Field("UTC", description="An IANA time zone, e.g. Europe/Berlin.")
+
+    @field_validator("cron")
+    @classmethod
+    def _valid_cron(cls, value: str) -> str:
+        return valid_cron(value)
+
+    @field_validator("timezone")
+    @classmethod
+    def _valid_timezone(cls, value: str) -> str:
+        return valid_timezone(value)
+
+
+def valid_cron(value: str) -> str:
+    """The cron expression Prefect will run, checked by Prefect's own parser."""
+    from prefect._vendor.croniter import croniter
+
+    fields = value.split()
+    if len(fields) not in (5, 6) or not croniter.is_valid(value):
+        raise ValueError(f"invalid cron expression {value!r}: expected 5 fields, minute hour "
+                         "day-of-month month day-of-week, e.g. '0 3 * * *'")
+    if any(f.casefold() in ("r", "h") for f in fields):
+        raise ValueError(f"cron expression {value!r}: random (R) and hashed (H) fields are "
+                         "not supported by Prefect")
+    return value
+
+
+def valid_timezone(value: str) -> str:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"unknown time zone {value!r}: use an IANA name such as UTC or "
+                         "Europe/Berlin") from None
+    return value
+
+
+class Retrain(Strict):
+    """A training step that runs first and yields the model the pipelines start from."""
+
+    callable: str = Field(description="`module:function`, importable from the recipe's "
+                          "folder; called with `params` as keywords and an `output_dir`; "
+                          "returns the new model's path.")
+    params: dict[str, Any] = Field(default_factory=dict,
+                                   description="Keyword arguments for the callable.")
+
+    @field_validator("callable")
+    @classmethod
+    def _module_function(cls, value: str) -> str:
+        module, _, function = value.partition(":")
+        if not module or not function or not all(
+                part.isidentifier() for part in [*module.split("."), function]):
+            raise ValueError(f"{value!r} is not `module:function`")
+        return value
+
+
 class Recipe(Strict):
     version: Literal[1] = Field(description="Recipe format version; 1.")
     name: str = Field(min_length=1, description="Recipe name, used in reports and MLflow.")
@@ -118,6 +187,9 @@ class Recipe(Strict):
     targets: list[Target] = Field(default_factory=list, max_length=MAX_TARGETS)
     pipelines: dict[str, Pipeline] = Field(min_length=1, max_length=MAX_PIPELINES)
     tune: Tune | None = Field(None, description="Accuracy guard settings for 8-bit pipelines.")
+    schedule: Schedule | None = Field(None, description="When `orchestrator deploy` runs it.")
+    retrain: Retrain | None = Field(None, description="Train a new model first; the "
+                                    "pipelines run on the model it returns.")
 
     @model_validator(mode="after")
     def _unique_target_names(self) -> Recipe:

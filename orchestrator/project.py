@@ -1,0 +1,50 @@
+"""Where a recipe's run keeps things: the store, MLflow's folder and the default outputs
+live at the recipe's project root, whatever the working directory.
+
+The project root is the nearest folder above the recipe that holds `.git` or
+`pyproject.toml`; a recipe outside any project uses the working directory. The environment
+still wins: ORCHESTRATOR_HOME for the store, MLFLOW_TRACKING_URI for tracking.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+STORE_ENV = "ORCHESTRATOR_HOME"
+STORE_FOLDER = ".orchestrator"
+TRACKING_FOLDER = "mlruns"
+PROJECT_MARKERS = (".git", "pyproject.toml")
+
+
+def project_root(start: Path | str | None = None) -> Path:
+    """The nearest folder at or above `start` (a recipe file or a folder; default the
+    working directory) that holds `.git` or `pyproject.toml`; else the working directory."""
+    here = Path(os.path.abspath(start or Path.cwd()))
+    folder = here if here.is_dir() else here.parent
+    for candidate in (folder, *folder.parents):
+        if any((candidate / marker).exists() for marker in PROJECT_MARKERS):
+            return candidate
+    return Path(os.path.abspath(Path.cwd()))
+
+
+def store_dir(root: Path) -> Path:
+    """ORCHESTRATOR_HOME, else `.orchestrator` under the project root."""
+    return Path(os.path.abspath(os.environ.get(STORE_ENV) or root / STORE_FOLDER))
+
+
+def tracking_folder(root: Path) -> Path:
+    return root / TRACKING_FOLDER
+
+
+def tracking_uri(root: Path) -> str:
+    """MLFLOW_TRACKING_URI, else sqlite in `mlruns/` under the project root."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or (
+        f"sqlite:///{tracking_folder(root) / 'mlflow.db'}")
+
+
+def output_dir(root: Path, recipe_name: str, requested: Path | str | None = None) -> Path:
+    """`-o DIR` as given (relative to the working directory), else `out/<recipe name>`
+    under the project root; absolute, not resolved through symlinks (a loop is reported by
+    the folder check)."""
+    return Path(os.path.abspath(requested if requested else root / "out" / recipe_name))
