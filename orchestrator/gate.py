@@ -198,8 +198,8 @@ def _fmt_pct(value: float) -> str:
     return "+inf %" if math.isinf(value) else f"{value:+.1f} %"
 
 
-def _limit_text(value: float | None, text: str) -> str:
-    return "none" if value is None else text
+def _limit_text(value: float | None, template: str) -> str:
+    return "none" if value is None else template.format(value)
 
 
 def _compare_growth(row: Row, base: float | None, new: float | None, limit: float | None,
@@ -207,7 +207,7 @@ def _compare_growth(row: Row, base: float | None, new: float | None, limit: floa
     """Fill `row` for a figure that must not grow more than `limit` percent."""
     row.baseline = "-" if base is None else f"{base:{spec}}{unit}"
     row.current = "-" if new is None else f"{new:{spec}}{unit}"
-    row.limit = _limit_text(limit, f"max +{limit:g} %")
+    row.limit = _limit_text(limit, "max +{:g} %")
     if new is None or base is None:
         return _missing(row, base, new, limit)
     growth = _pct(base, new)
@@ -228,7 +228,7 @@ def _compare_drop(row: Row, base: float | None, new: float | None, limit: float 
     """Fill `row` for a quality figure that must not drop more than `limit`."""
     row.baseline = "-" if base is None else f"{base:.4f}"
     row.current = "-" if new is None else f"{new:.4f}"
-    row.limit = _limit_text(limit, f"max -{limit:g}")
+    row.limit = _limit_text(limit, "max -{:g}")
     if new is None or base is None:
         return _missing(row, base, new, limit)
     row.change = f"{new - base:+.4f}"
@@ -341,9 +341,7 @@ def verdict(result: GateResult) -> str:
 
 def limits_text(limits: Limits) -> str:
     """The limits in force, as one line."""
-    def show(value: float | None, text: str) -> str:
-        return "none" if value is None else text.format(value)
-
+    show = _limit_text
     return (f"size growth {show(limits.max_size_growth_pct, '<= +{:g} %')}, accuracy drop "
             f"{show(limits.max_accuracy_drop, '<= {:g}')}, fidelity drop "
             f"{show(limits.max_fidelity_drop, '<= {:g}')}, latency growth "
