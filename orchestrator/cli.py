@@ -219,6 +219,10 @@ class _CurrentStderrHandler(logging.StreamHandler):
     def stream(self, value: object) -> None:
         pass
 
+    def filter(self, record: logging.LogRecord) -> bool:
+        # lines the progress display shows already go to Prefect's run logs only
+        return getattr(record, "console", True) and bool(super().filter(record))
+
 
 def configure_logging() -> None:
     """Our warnings go to stderr through our own handler, not through the root logger:

@@ -84,7 +84,25 @@ def retrain_task(recipe: str, overrides: list[str], store: str) -> str:
 @task(name="stage", cache_policy=NO_CACHE, persist_result=False)
 def stage_task(node: Node, ref: RunRef) -> NodeOutcome:
     """One stage: its input model from the store by key, its result to the store."""
-    return execute_node(node, open_session(ref).data, use_cache=ref.use_cache)
+    outcome = execute_node(node, open_session(ref).data, use_cache=ref.use_cache)
+    _log_outcome(outcome)
+    return outcome
+
+
+# The console shows these through the progress display already: Prefect's logs only.
+NOT_ON_CONSOLE = {"console": False}
+
+
+def _log_outcome(outcome: NodeOutcome) -> None:
+    """The stage's lines in the task run's logs (the Prefect UI)."""
+    stage_log = logging.getLogger(f"orchestrator.stage.{outcome.node.stage}")
+    metrics = ", ".join(f"{k} {v:.4g}" for k, v in sorted(outcome.metrics.items())
+                        if isinstance(v, int | float))
+    stage_log.info("%s: %s %.3f s%s", outcome.node.id,
+                   "cached result, computed in" if outcome.cached else "ran in",
+                   outcome.seconds, f"; {metrics}" if metrics else "")
+    for warning in outcome.warnings:
+        stage_log.warning("%s: %s", outcome.node.id, warning, extra=NOT_ON_CONSOLE)
 
 
 def _task_run_name(node: Node) -> str:
@@ -165,7 +183,7 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
                 report["variants"][name]["trials"] = table
         write_outputs(out_dir, plan, session.data, outcomes, report)
         registry = tracker.finish(report, out_dir, loaded.path,
-                                  register=getattr(loaded.recipe, "register", False))
+                                  register=loaded.recipe.register_candidate)
     except BaseException as exc:
         # first: a report from an earlier run must not pass for this failed one (CI gates
         # read it), even if recording the failure is interrupted too
