@@ -48,3 +48,23 @@ def output_dir(root: Path, recipe_name: str, requested: Path | str | None = None
     under the project root; absolute, not resolved through symlinks (a loop is reported by
     the folder check)."""
     return Path(os.path.abspath(requested if requested else root / "out" / recipe_name))
+
+
+def check_folders(out_dir: Path, store_root: Path, root: Path) -> None:
+    """Every folder the run will write to can be written: exit 2 naming it, before the
+    run, rather than a failure after every stage has run."""
+    from orchestrator.errors import OutputError
+    from orchestrator.paths import writable_dir_problem
+    from orchestrator.tracking import local_tracking_folder
+
+    folders = [(out_dir, "the output folder (-o)"),
+               (store_root, f"the store ({STORE_ENV})")]
+    tracking = local_tracking_folder(tracking_uri(root))
+    if tracking is not None:
+        named = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else (
+            "the project's mlruns/")
+        folders.append((tracking, f"MLflow's folder ({named})"))
+    for folder, role in folders:
+        problem = writable_dir_problem(folder)
+        if problem:
+            raise OutputError(f"cannot write to {role}: {problem}", file=str(folder))

@@ -41,9 +41,9 @@ class TrackingError(OrchestratorError):
 class TrackingClient:
     """The MLflow hook. `start` before the flow, hooks during, `finish` after."""
 
-    def __init__(self, tracking_uri: str | None = None) -> None:
+    def __init__(self, tracking_uri: str | None = None, root: Path | None = None) -> None:
         self.local_default = tracking_uri is None and not os.environ.get("MLFLOW_TRACKING_URI")
-        self.tracking_uri = tracking_uri or default_tracking_uri()
+        self.tracking_uri = tracking_uri or default_tracking_uri(root)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "orchestrator.tracking"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, text=True, encoding="utf-8",
@@ -101,7 +101,8 @@ class TrackingClient:
 
     # --- the hook
 
-    def start(self, plan: Plan, versions: Mapping[str, str]) -> None:
+    def start(self, plan: Plan, versions: Mapping[str, str],
+              links: Mapping[str, str] | None = None) -> None:
         """Ask for the parent run and one nested run per pipeline, with params."""
         self._started = True
         loaded = plan.recipe
@@ -138,7 +139,7 @@ class TrackingClient:
         self._send({"op": "trial", "pipeline": pipeline, "trial": dict(trial)})
 
     def finish(self, report: Mapping[str, Any] | None, out_dir: Path | None,
-               recipe_path: Path, failed: bool = False) -> None:
+               recipe_path: Path, failed: bool = False, register: bool = False) -> None:
         """Log variant metrics, models, the recipe and report.json; close the runs; wait
         for the worker to be done. Once only: later calls repeat its outcome."""
         if self._closed:
