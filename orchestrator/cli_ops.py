@@ -103,6 +103,110 @@ def cmd_gate(args: argparse.Namespace) -> int:
     return 0 if result.passed else 1
 
 
+def _server_for(planned: list[Any]) -> Any:
+    """The Prefect server the commands talk to: PREFECT_API_URL's, else the local one that
+    runs share (started if needed). Call before Prefect is imported."""
+    from orchestrator import prefect_server
+    from orchestrator.deploy import store_home
+    from orchestrator.prefect_setup import configure_prefect_defaults
+
+    server = prefect_server.start_if_needed(store_home(planned))
+    configure_prefect_defaults()
+    if server is not None:
+        server.wait_ready()
+    return server
+
+
+def _api_url() -> str:
+    from prefect.settings import PREFECT_API_URL
+
+    return str(PREFECT_API_URL.value())
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    """Create or update one Prefect deployment per recipe."""
+    from orchestrator import deploy
+
+    planned = deploy.plan_deployments(args.recipes, args.set, args.cron, args.timezone)
+    server = _server_for(planned)
+    try:
+        ids = deploy.apply(planned, args.work_pool)
+        api = _api_url()
+        flow = deploy.flow_name()
+    finally:
+        if server is not None:
+            server.release()
+    for item, deployment_id in zip(planned, ids, strict=True):
+        print(f"deployed {flow}/{item.name} ({deployment_id}): {item.recipe}, "
+              f"{item.schedule_text()}")
+        print(f"    parameters: overrides {list(item.overrides)}, output {item.output}")
+    print(f"Prefect API: {api}"
+          + (" (orchestrator's local server)" if server is not None else ""))
+    env = f"PREFECT_API_URL={api} " if server is not None else ""
+    if args.work_pool:
+        print(f"Runs go to work pool {args.work_pool!r}: start a worker for it, in an "
+              f"environment where orchestrator is installed:\n    {env}prefect worker start "
+              f"--pool {args.work_pool}")
+        if server is not None:
+            print("The local server stops when idle and runs no scheduler: for a work pool, "
+                  "run `prefect server start` and set PREFECT_API_URL to it.")
+    else:
+        recipes = " ".join(str(r) for r in args.recipes)
+        print(f"No work pool: nothing runs these deployments until a process serves them:"
+              f"\n    orchestrator serve {recipes}\n(or deploy with --work-pool NAME and "
+              "start `prefect worker start --pool NAME`)")
+    print(f"Run one now: {env}prefect deployment run '{flow}/{planned[0].name}'")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Serve every recipe's deployment from this process until Ctrl-C."""
+    from orchestrator import deploy
+
+    planned = deploy.plan_deployments(args.recipes, args.set, args.cron, args.timezone)
+    server = _server_for(planned)
+    try:
+        flow = deploy.flow_name()
+        api = _api_url()
+        print(f"serving {len(planned)} deployment{'s' if len(planned) != 1 else ''} "
+              f"(Prefect API {api}), {args.limit} run{'s' if args.limit != 1 else ''} at "
+              "a time; Ctrl-C stops:")
+        for item in planned:
+            print(f"    {flow}/{item.name}: {item.recipe}, {item.schedule_text()}")
+        env = f"PREFECT_API_URL={api} " if server is not None else ""
+        print(f"Run one now: {env}prefect deployment run '{flow}/{planned[0].name}'",
+              flush=True)
+        deploy.serve(planned, limit=args.limit, keep_schedules=server is not None)
+    finally:  # also on SIGTERM, which Prefect's runner turns into SystemExit(0)
+        if server is not None:
+            server.release()
+        print("stopped serving; Prefect paused the deployments' schedules until they are "
+              "served again", flush=True)
+    return 0
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, found {text!r}")
+    return value
+
+
+def _deployment_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("recipes", nargs="+", metavar="RECIPE_OR_FOLDER",
+                        help="recipe files, or folders of *.yaml recipes")
+    parser.add_argument("--cron", default=None, metavar="EXPR",
+                        help="a cron schedule for every recipe, instead of its "
+                             "schedule: cron (e.g. '0 3 * * *')")
+    parser.add_argument("--timezone", default=None, metavar="TZ",
+                        help="the schedule's IANA time zone (default: the recipe's, else UTC)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
+                        help="override a recipe field in every run of the deployment")
+
+
 def add_parsers(sub: Any) -> None:
     """Register `gate` (and the deployment commands) on the main parser."""
     gate = sub.add_parser(
@@ -131,3 +235,16 @@ def add_parsers(sub: Any) -> None:
                       help="write the comparison as Markdown here (default: gate.md next to "
                            "REPORT)")
     gate.set_defaults(fn=cmd_gate)
+    deploy = sub.add_parser("deploy", help="create a Prefect deployment per recipe (its "
+                            "schedule: applies)")
+    _deployment_options(deploy)
+    deploy.add_argument("--work-pool", default=None, metavar="NAME",
+                        help="a Prefect work pool whose workers run the deployments "
+                             "(default: none; `orchestrator serve` runs them)")
+    deploy.set_defaults(fn=cmd_deploy)
+    serve = sub.add_parser("serve", help="serve every recipe's deployment from this process "
+                           "(Prefect's serve) until Ctrl-C")
+    _deployment_options(serve)
+    serve.add_argument("--limit", type=_positive_int, default=1, metavar="N",
+                       help="runs at a time (default 1: a run already uses every core)")
+    serve.set_defaults(fn=cmd_serve)
