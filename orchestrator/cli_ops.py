@@ -123,6 +123,20 @@ def _api_url() -> str:
     return str(PREFECT_API_URL.value())
 
 
+def _serve_command(args: argparse.Namespace) -> str:
+    """`orchestrator serve` with the same recipes and options: serving registers the
+    deployments again, as serve is told."""
+    import shlex
+
+    words = ["orchestrator", "serve", *map(str, args.recipes)]
+    for option, value in (("--cron", args.cron), ("--timezone", args.timezone)):
+        if value is not None:
+            words += [option, value]
+    for override in args.set:
+        words += ["--set", override]
+    return shlex.join(words)
+
+
 def cmd_deploy(args: argparse.Namespace) -> int:
     """Create or update one Prefect deployment per recipe."""
     from orchestrator import deploy
@@ -151,10 +165,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
             print("The local server stops when idle and runs no scheduler: for a work pool, "
                   "run `prefect server start` and set PREFECT_API_URL to it.")
     else:
-        recipes = " ".join(str(r) for r in args.recipes)
         print(f"No work pool: nothing runs these deployments until a process serves them:"
-              f"\n    orchestrator serve {recipes}\n(or deploy with --work-pool NAME and "
-              "start `prefect worker start --pool NAME`)")
+              f"\n    {_serve_command(args)}\n(or deploy with --work-pool NAME and start "
+              "`prefect worker start --pool NAME`)")
     print(f"Run one now: {env}prefect deployment run '{flow}/{planned[0].name}'")
     return 0
 
