@@ -221,6 +221,41 @@ def test_serve_schedules_the_next_runs_of_the_cron(served: dict[str, Any]) -> No
 
 
 @pytest.mark.slow
+def test_a_work_pool_deployment_runs_on_a_prefect_worker(served: dict[str, Any]) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.deployments import run_deployment
+
+    project, env = served["project"], project_env(served["project"])
+    missing = orchestrator(project, "deploy", "recipes/digits.yaml", "--work-pool", "nowhere",
+                           "--set", "name=digits-pooled", env=env)
+    assert missing.returncode == 2 and "no work pool 'nowhere'" in missing.stderr
+    with api(served), get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name="local", type="process"))
+        assert not [d for d in client.read_deployments() if d.name == "digits-pooled"]
+    done = orchestrator(project, "deploy", "recipes/digits.yaml", "--work-pool", "local",
+                        "--set", "name=digits-pooled", env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "prefect worker start --pool local" in done.stdout
+    with api(served):
+        flow_run = run_deployment("orchestrator-recipe/digits-pooled", timeout=0,
+                                  as_subflow=False)
+    # one polling round of a process worker, from another working directory: it imports
+    # the flow by module path and runs it in a child process
+    worker = subprocess.run(
+        [sys.executable, "-m", "prefect", "worker", "start", "--pool", "local", "--type",
+         "process", "--run-once"], cwd=project.parent,
+        env={**env, "PREFECT_API_URL": served["api_url"]}, capture_output=True, text=True,
+        timeout=WAIT_S)
+    with api(served), get_client(sync_client=True) as client:
+        flow_run = client.read_flow_run(flow_run.id)
+    assert flow_run.state is not None and flow_run.state.is_completed(), (
+        flow_run.state, worker.stdout[-2000:], worker.stderr[-3000:])
+    report = json.loads((project / "out" / "digits-pooled" / "report.json").read_text())
+    assert report["recipe"] == "digits-pooled"
+
+
+@pytest.mark.slow
 def test_ctrl_c_stops_serving_cleanly(served: dict[str, Any]) -> None:
     serving = served["serving"]
     assert serving.poll() is None, served["log"].read_text()[-3000:]
