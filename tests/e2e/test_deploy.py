@@ -61,6 +61,33 @@ def python_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+# ---- what a deployment holds (no server) ----------------------------------------------
+
+def test_plan_takes_the_recipes_schedule_unless_the_command_line_overrides_it(
+        tmp_path: Path, digits_example: Path) -> None:
+    from orchestrator.deploy import plan_deployments
+
+    project = make_project(tmp_path)
+    recipes = project / "recipes"
+    nightly = recipes / "nightly.yaml"
+    nightly.write_text((recipes / "digits.yaml").read_text().replace(
+        "name: digits-cnn", "name: nightly")
+        + 'schedule: {cron: "30 2 * * 1-5", timezone: America/New_York}\n')
+    plain, scheduled = plan_deployments([recipes])  # a folder: its recipes, sorted
+    assert (plain.name, plain.cron, plain.timezone) == ("digits-cnn", None, "UTC")
+    assert plain.recipe == recipes / "digits.yaml" and plain.recipe.is_absolute()
+    assert plain.parameters == {"recipe": str(recipes / "digits.yaml"), "overrides": [],
+                                "output": str(project / "out" / "digits-cnn")}
+    assert (scheduled.name, scheduled.cron, scheduled.timezone) == (
+        "nightly", "30 2 * * 1-5", "America/New_York")
+    [item] = plan_deployments([nightly], ["name=other"], cron="0 4 * * *")
+    assert (item.name, item.cron, item.timezone) == ("other", "0 4 * * *", "America/New_York")
+    assert item.parameters["overrides"] == ["name=other"]
+    assert item.parameters["output"] == str(project / "out" / "other")
+    [item] = plan_deployments([nightly], timezone="Asia/Tokyo")
+    assert (item.cron, item.timezone) == ("30 2 * * 1-5", "Asia/Tokyo")
+
+
 # ---- refused before anything exists ---------------------------------------------------
 
 @pytest.mark.parametrize("case", ["invalid_recipe", "bad_schedule_in_recipe", "cron",
