@@ -21,12 +21,11 @@ from pydantic import BaseModel
 from orchestrator.errors import OrchestratorError
 from orchestrator.executor import NodeOutcome, RunData
 from orchestrator.plan import Node, Plan, chain_nodes
-from orchestrator.quantization import QUANTIZABLE_OPS
+from orchestrator.quantization import QUANTIZABLE_OPS, WEIGHT_OPS
 from orchestrator.recipe_models import Tune
 
-# Weight-bearing ops: usually the most harmful in 8 bits, tried first; a candidate must
-# keep at least one of them in 8 bits (else it is just the float model).
-WEIGHT_OPS = ("MatMul", "Conv2D", "Conv2DBackpropInput")
+# Weight-bearing ops (WEIGHT_OPS) are tried first; a candidate must keep at least one of
+# them in 8 bits (else it is just the float model).
 
 
 def _op_order(op: str) -> tuple[int, str]:
