@@ -35,7 +35,6 @@ demo: $(EXAMPLE) $(DEMO_KEY)
 	status=$$?; \
 	echo; \
 	echo "Results: out/digits/report.json, models in out/digits/<variant>/ (model.pb, model.enc)"; \
-	echo "MLflow UI: $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db"; \
 	exit $$status
 
 test: $(EXAMPLE)
