@@ -108,6 +108,7 @@ def build_report(plan: Plan, data: RunData, outcomes: Mapping[str, NodeOutcome],
             "recipe_path": str(plan.recipe.path),
             "mlflow_run_id": run_id,
             "data": data_summary(plan),
+            "data_fingerprints": dict(plan.fingerprints),
             "variants": built,
             "selected": select(built, [t.name for t in plan.recipe.recipe.targets])}
 
