@@ -18,15 +18,15 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from orchestrator.budgets import quality_violations
 from orchestrator.errors import OrchestratorError
 from orchestrator.executor import NodeOutcome, RunData
 from orchestrator.plan import Node, Plan, chain_nodes
-from orchestrator.quantization import QUANTIZABLE_OPS
+from orchestrator.quantization import QUANTIZABLE_OPS, WEIGHT_OPS
 from orchestrator.recipe_models import Tune
 
-# Weight-bearing ops: usually the most harmful in 8 bits, tried first; a candidate must
-# keep at least one of them in 8 bits (else it is just the float model).
-WEIGHT_OPS = ("MatMul", "Conv2D", "Conv2DBackpropInput")
+# Weight-bearing ops (WEIGHT_OPS) are tried first; a candidate must keep at least one of
+# them in 8 bits (else it is just the float model).
 
 
 def _op_order(op: str) -> tuple[int, str]:
@@ -91,19 +91,8 @@ def guarded_pipelines(plan: Plan) -> list[str]:
 
 def _quality_violations(plan: Plan, accuracy_drop: float | None, fidelity: float | None
                         ) -> list[str]:
-    violations = []
-    for target in plan.recipe.recipe.targets:
-        budgets = target.budgets
-        if budgets.max_accuracy_drop is not None:
-            if accuracy_drop is None:
-                violations.append(f"{target.name}: accuracy not measured (labels needed)")
-            elif accuracy_drop > budgets.max_accuracy_drop:
-                violations.append(f"{target.name}: accuracy drop {accuracy_drop:.4f} > "
-                                  f"{budgets.max_accuracy_drop}")
-        if budgets.min_fidelity is not None and (fidelity is None
-                                                 or fidelity < budgets.min_fidelity):
-            violations.append(f"{target.name}: fidelity {fidelity} < {budgets.min_fidelity}")
-    return violations
+    return [f"{target.name}: {violation}" for target in plan.recipe.recipe.targets
+            for violation in quality_violations(accuracy_drop, fidelity, target.budgets)]
 
 
 def _has_quality_budget(plan: Plan) -> bool:
