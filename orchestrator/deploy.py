@@ -141,8 +141,9 @@ def runner_deployments(planned: Sequence[RecipeDeployment], work_pool: str | Non
             try:  # Prefect's own parser too: what the server will run must parse there
                 schedules = [Cron(item.cron, timezone=item.timezone)]
             except ValueError as exc:
+                reason = " ".join(str(exc).split())  # pydantic's message spans lines
                 raise OrchestratorError(f"Prefect refuses the schedule {item.schedule_text()}:"
-                                        f" {exc}", file=str(item.recipe),
+                                        f" {reason}", file=str(item.recipe),
                                         field="schedule") from None
         built.append(recipe_flow.to_deployment(
             name=item.name, schedules=schedules, parameters=item.parameters,
