@@ -192,6 +192,32 @@ def test_deploy_registers_the_recipe_with_its_parameters_and_schedule(
 
 
 @pytest.mark.slow
+def test_a_cron_only_prefect_refuses_is_exit_2_before_any_deployment(
+        served: dict[str, Any]) -> None:
+    from prefect.client.orchestration import get_client
+
+    project = served["project"]
+    recipes = project / "recipes"
+    first, second = recipes / "first.yaml", recipes / "second.yaml"
+    text = (recipes / "digits.yaml").read_text()
+    first.write_text(text.replace("name: digits-cnn", "name: digits-first"))
+    # `1L` (last Monday) passes the recipe's own check; Prefect's parser refuses it
+    second.write_text(text.replace("name: digits-cnn", "name: digits-badcron")
+                      + 'schedule: {cron: "0 3 * * 1L"}\n')
+    try:
+        done = orchestrator(project, "deploy", str(first), str(second))
+    finally:
+        first.unlink()
+        second.unlink()
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Prefect refuses the schedule cron '0 3 * * 1L' (UTC)" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    with api(served), get_client(sync_client=True) as client:
+        names = {d.name for d in client.read_deployments()}
+    assert not names & {"digits-first", "digits-badcron"}  # not even the valid one
+
+
+@pytest.mark.slow
 def test_a_triggered_run_of_the_served_deployment_completes(served: dict[str, Any]) -> None:
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
