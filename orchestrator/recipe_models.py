@@ -190,6 +190,10 @@ class Recipe(Strict):
     schedule: Schedule | None = Field(None, description="When `orchestrator deploy` runs it.")
     retrain: Retrain | None = Field(None, description="Train a new model first; the "
                                     "pipelines run on the model it returns.")
+    # `register` itself would shadow pydantic's (ABCMeta's) BaseModel.register
+    register_: bool = Field(False, alias="register", description="Register the selected "
+                            "models as the `candidate` version in the MLflow Model Registry "
+                            "when every budget gate passes.")
 
     @model_validator(mode="after")
     def _unique_target_names(self) -> Recipe:
