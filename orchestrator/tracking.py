@@ -31,6 +31,7 @@ import re
 import signal
 import sys
 import tempfile
+import time
 import traceback
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -254,6 +255,7 @@ class MlflowLogger:
             self.client.search_experiments(max_results=1)
         self.parent_run_id: str | None = None
         self.pipeline_runs: dict[str, str] = {}
+        self.pipeline_steps: dict[str, int] = {}  # stages per pipeline
         self.experiment_id: str | None = None
         self.commit: str | None = None
         self.run_name: str | None = None
@@ -319,6 +321,7 @@ class MlflowLogger:
                       "orchestrator.pipeline": pipeline["name"],
                       "orchestrator.recipe_name": name})
             self.pipeline_runs[pipeline["name"]] = run.info.run_id
+            self.pipeline_steps[pipeline["name"]] = len(pipeline["stages"].split(", "))
             self._log(run.info.run_id, params={"pipeline": pipeline["name"],
                                                "from": pipeline["from"],
                                                "stages": pipeline["stages"]})
@@ -378,17 +381,22 @@ class MlflowLogger:
         out_dir = Path(message["out_dir"]) if message.get("out_dir") else None
         failed = bool(message.get("failed"))
         outcome: dict[str, Any] = {}
+        now = int(time.time() * 1000)
         if report is not None:
             for name, variant in report.get("variants", {}).items():
                 run_id = self.pipeline_runs.get(name)
                 if run_id is None:
                     continue
-                self._log(run_id, metrics=variant_metrics(variant))
+                # a step after the stages': the table shows these (the guard's chosen
+                # trial), not the recipe's own benchmark and evaluate logged before
+                self._log(run_id, metrics=variant_metrics(variant),
+                          step=self.pipeline_steps.get(name, 0), time_ms=now)
                 if out_dir is not None and (out_dir / name).is_dir():
                     self.client.log_artifacts(run_id, str(out_dir / name), "model")
             selected = {f"selected.{target}": str(variant or "none")
                         for target, variant in (report.get("selected") or {}).items()}
-            self._log(self.parent_run_id, metrics=parent_metrics(report), tags=selected)
+            self._log(self.parent_run_id, metrics=parent_metrics(report), tags=selected,
+                      time_ms=now)
             if out_dir is not None and (out_dir / "report.json").is_file():
                 self.client.log_artifact(self.parent_run_id, str(out_dir / "report.json"))
         if message.get("register") and not failed:
