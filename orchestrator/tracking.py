@@ -114,8 +114,15 @@ def artifact_root(tracking_uri: str) -> str | None:
 
 
 def experiment_url(ui_url: str, experiment_id: str) -> str:
-    """The MLflow UI page of an experiment, in the classic (machine learning) view."""
+    """The MLflow UI page of an experiment, in the classic (machine learning) view: its runs
+    table. Without the query, MLflow 3.17 opens the GenAI overview, whatever the tags."""
     return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}?{CLASSIC_VIEW_QUERY}"
+
+
+def run_url(ui_url: str, experiment_id: str, run_id: str) -> str:
+    """The MLflow UI page of one run, in the classic view."""
+    return (f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+            f"?{CLASSIC_VIEW_QUERY}")
 
 
 def probe(tracking_uri: str) -> str | None:

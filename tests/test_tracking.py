@@ -24,6 +24,7 @@ from orchestrator.tracking import (
     local_tracking_folder,
     parent_metrics,
     redacted,
+    run_url,
     variant_metrics,
 )
 from orchestrator.tracking_client import TrackingClient, recipe_yaml, run_params
@@ -155,6 +156,8 @@ def test_tracking_defaults_to_the_project_root(tmp_path: Path,
     assert artifact_root("http://tracking:5000") is None
     assert experiment_url("http://127.0.0.1:5000/", "3") == (
         "http://127.0.0.1:5000/#/experiments/3?workflowType=machine_learning")
+    assert run_url("http://127.0.0.1:5000", "3", "ab12") == (
+        "http://127.0.0.1:5000/#/experiments/3/runs/ab12?workflowType=machine_learning")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'elsewhere' / 'm.db'}")
     assert local_tracking_folder(None, root) == tmp_path / "elsewhere"
 
