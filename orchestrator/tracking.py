@@ -287,7 +287,7 @@ class MlflowLogger:
         """The recipe's experiment, created on first use; shown in the classic view."""
         tags = {EXPERIMENT_KIND_TAG: CLASSIC_KIND}
         if description:
-            tags[NOTE_TAG] = description
+            tags[NOTE_TAG] = description[:_MAX_TAG]
         existing = self.client.get_experiment_by_name(name)
         if existing is None:
             # artifacts next to a sqlite store (else the server decides)
@@ -316,7 +316,7 @@ class MlflowLogger:
         if message.get("description"):
             tags[NOTE_TAG] = message["description"]
         for key, value in (message.get("links") or {}).items():
-            tags[str(key)] = redact(str(value))
+            tags[_metric_key(str(key))] = redact(str(value))  # MLflow's rule for tag names
         parent = self.client.create_run(self.experiment_id, run_name=self.run_name)
         self.parent_run_id = parent.info.run_id
         params = {**message["params"], "recipe.git_commit": self.commit or "none"}
