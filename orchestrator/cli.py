@@ -273,6 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
     from orchestrator.cli_kinds import add_parsers
 
     add_parsers(sub)  # keygen, decrypt
+    from orchestrator import cli_registry
+
+    cli_registry.add_parsers(sub)  # promote
     return parser
 
 
