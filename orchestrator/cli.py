@@ -273,9 +273,10 @@ def build_parser() -> argparse.ArgumentParser:
     from orchestrator.cli_kinds import add_parsers
 
     add_parsers(sub)  # keygen, decrypt
-    from orchestrator import cli_ops
+    from orchestrator import cli_ops, cli_registry
 
     cli_ops.add_parsers(sub)  # gate, deploy, serve
+    cli_registry.add_parsers(sub)  # promote
     return parser
 
 

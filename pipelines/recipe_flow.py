@@ -161,7 +161,10 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
         return outcome
 
     try:
-        tracker.start(plan, _versions(), links=_prefect_links())
+        from prefect.runtime import flow_run
+
+        tracker.start(plan, _versions(), links=_prefect_links(), run_name=flow_run.name,
+                      overrides=overrides)
         tracker.check()  # a tracking URI that fails fails before the stages, when it can
         outcomes: dict[str, NodeOutcome] = {}
         trials: dict[str, list[dict[str, Any]]] = {}
