@@ -298,6 +298,7 @@ INT8_QUANTIZING = ("      - quantize_weights\n      - quantize_nodes: {guard: tr
                    "      - log_ranges: {samples: 200}\n"
                    "      - freeze_ranges: {min_percentile: 5, max_percentile: 5}\n")
 FP32_STAGES = "stages: [freeze, strip, fold, benchmark, evaluate]"
+REGISTERED = "digits-cnn"  # the recipe's name: the base run registers its selection so
 
 
 @pytest.fixture(scope="module")
@@ -328,10 +329,12 @@ def digits_runs(digits_example: Path, prefect_server: None,
     codes = {}
     for name, text in changed.items():
         (recipes / f"{name}.yaml").write_text(text)
+        # the base run also registers its selection: the `registry:` baseline
+        register = ["--set", "register=true"] if name == "base" else []
         done = subprocess.run(
             [sys.executable, "-m", "orchestrator", "run", str(recipes / f"{name}.yaml"),
-             "-o", str(project / "out" / name), "--variant", "fp32", "--variant", "int8"],
-            cwd=project, env=env, capture_output=True, text=True, timeout=900)
+             "-o", str(project / "out" / name), "--variant", "fp32", "--variant", "int8",
+             *register], cwd=project, env=env, capture_output=True, text=True, timeout=900)
         codes[name] = done.returncode
         assert (project / "out" / name / "report.json").is_file(), done.stderr[-3000:]
     return {"project": project, "codes": codes}
@@ -371,3 +374,32 @@ def test_gate_passes_a_change_within_the_limits(
     assert "passed" in markdown.splitlines()[0]
     rows = [line for line in markdown.splitlines() if line.startswith(("| fp32 |", "| int8 |"))]
     assert len(rows) == 2 * 6 and all(line.endswith("| ok |") for line in rows), markdown
+
+
+@pytest.mark.slow
+def test_gate_against_a_registered_version(
+        digits_runs: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`registry:NAME@ALIAS`: the report of the version the base run registered as
+    `candidate`, found in the mlruns/ of the reports' project (no MLFLOW_TRACKING_URI)."""
+    out = digits_runs["project"] / "out"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(digits_runs["project"].parent)  # not where the project is
+    candidate = f"registry:{REGISTERED}@candidate"
+    code = main(["gate", str(out / "unquantized" / "report.json"), "--baseline", candidate])
+    captured = capsys.readouterr()
+    assert code == 1, captured.out + captured.err
+    assert "int8: size (shipped bytes) grew +" in captured.out
+    assert f"`{candidate}`" in (out / "unquantized" / "gate.md").read_text()
+    code = main(["gate", str(out / "more_runs" / "report.json"), "--baseline", candidate,
+                 "--min-latency-change-ms", "1000"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.out + captured.err
+    # no such alias, no such model: exit 2 naming it, nothing written
+    (out / "more_runs" / "gate.md").unlink()
+    for ref, says in ((f"registry:{REGISTERED}@production", "production"),
+                      ("registry:no-such-model@candidate", "no-such-model")):
+        assert main(["gate", str(out / "more_runs" / "report.json"), "--baseline", ref]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and says in err, err
+    assert not (out / "more_runs" / "gate.md").exists()
