@@ -61,7 +61,7 @@ def test_retrained_model_is_registered_as_candidate_then_promoted(
 
     mlflow = client(in_project)
     version = mlflow.get_model_version_by_alias(NAME, "candidate")
-    assert version.version == "1"
+    assert str(version.version) == "1"
     tags = version.tags
     int8 = report["variants"]["int8"]
     assert tags["phone.variant"] == "int8"
