@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from orchestrator.project import local_tracking_folder
 from orchestrator.run_names import git_commit, run_name
 
 __all__ = ["git_commit", "run_name"]  # re-exported: older callers import them from here
@@ -80,28 +81,6 @@ PROBE_TIMEOUT_S = 5.0
 # MLflow retries a failing request 7 times with doubling back-off (about 250 s against an
 # unreachable server); a run says so within seconds instead. The environment still wins.
 _HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
-
-
-def default_tracking_uri(root: Path | None = None) -> str:
-    """MLFLOW_TRACKING_URI, else sqlite in `mlruns/` at the project root (`root`, else the
-    one around the working directory)."""
-    from orchestrator.project import project_root, tracking_uri
-
-    return tracking_uri(root or project_root())
-
-
-def local_tracking_folder(tracking_uri: str | None = None,
-                          root: Path | None = None) -> Path | None:
-    """The local folder a tracking URI writes to (sqlite, file store), else None. Without a
-    URI: MLFLOW_TRACKING_URI's, else `mlruns/` at the project root."""
-    uri = tracking_uri or default_tracking_uri(root)
-    if uri.startswith("sqlite:///"):
-        return Path(uri.removeprefix("sqlite:///").split("?")[0]).parent
-    if uri.startswith("file://"):
-        return Path(uri.removeprefix("file://"))
-    if "://" not in uri:
-        return Path(uri)
-    return None
 
 
 def artifact_root(tracking_uri: str) -> str | None:

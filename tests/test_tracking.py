@@ -15,13 +15,13 @@ from registry_helpers import report, write_outputs, write_project
 
 from orchestrator.executor import NodeOutcome
 from orchestrator.plan import build_plan
+from orchestrator.project import local_tracking_folder
 from orchestrator.recipe import load_recipe
 from orchestrator.run_names import git_commit, run_name, short_commit
 from orchestrator.tracking import (
     artifact_root,
     experiment_url,
     flatten,
-    local_tracking_folder,
     parent_metrics,
     redacted,
     run_url,
