@@ -21,8 +21,14 @@ from types import FrameType
 
 from orchestrator.errors import OrchestratorError
 
+# Ctrl-C seen while a command runs (see _interrupts_noted)
+_interrupts_seen: list[int] = []
+
 
 def _error(exc: OrchestratorError) -> int:
+    if _interrupts_seen:  # Ctrl-C inside a library (a model loading) became its error
+        print("interrupted", file=sys.stderr)
+        return 130
     # a hostile recipe may hold text the terminal cannot encode (lone surrogates, NUL)
     text = str(exc).encode("utf-8", "backslashreplace").decode("utf-8").replace("\0", "\\0")
     print(f"error: {text}", file=sys.stderr)
@@ -285,7 +291,8 @@ def _interrupts_noted() -> Iterator[Callable[[], bool]]:
     """Remember Ctrl-C while a command runs: some libraries wrap the KeyboardInterrupt it
     raises (pydantic, mid import) into errors of their own, which must not read as our
     bugs."""
-    seen: list[int] = []
+    seen = _interrupts_seen
+    seen.clear()
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
         yield lambda: bool(seen)  # someone else handles Ctrl-C here

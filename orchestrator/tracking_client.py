@@ -102,9 +102,14 @@ class TrackingClient:
                                     f"{self._error}"), field="MLFLOW_TRACKING_URI")
 
     def check(self) -> None:
-        """Raise now if the worker has already failed to start the runs; never waits."""
+        """Raise now if the worker has failed to start the runs. For a tracking server,
+        wait for its answer: a server that fails must fail before any stage runs, and a
+        reachable one answers in a moment. A local store never fails that way: no wait,
+        MLflow's import goes on beside the stages."""
         assert self.process.stdout is not None
-        if self._run_id is None and select.select([self.process.stdout], [], [], 0)[0]:
+        remote = self.tracking_uri.startswith(("http://", "https://"))
+        if self._run_id is None and (
+                remote or select.select([self.process.stdout], [], [], 0)[0]):
             self.run_id  # noqa: B018
 
     # --- the hook
