@@ -244,6 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     from orchestrator.cli_kinds import add_parsers
 
     add_parsers(sub)  # keygen, decrypt
+    from orchestrator import ui
+
+    ui.add_parsers(sub)  # ui: the dashboards
     return parser
 
 
