@@ -162,7 +162,8 @@ def _identity() -> dict[str, str]:
 
     settings = sorted(f"{k}={redact(v)}" for k, v in os.environ.items()
                       if k.startswith("PREFECT_") and not k.startswith(_NOT_IDENTITY))
-    return {"prefect": version("prefect"), "python": sys.executable, "daemon": DAEMON_REVISION,
+    # the installation is its prefix: bin/python and bin/python3 (a console script) are one
+    return {"prefect": version("prefect"), "python": sys.prefix, "daemon": DAEMON_REVISION,
             "settings": hashlib.sha256("\n".join(settings).encode()).hexdigest()[:16]}
 
 

@@ -185,7 +185,7 @@ def _local_store(uri: str) -> Path | None:
     return Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
 
 
-def _recipe_name(path: Path) -> str:
+def recipe_name(path: Path) -> str:
     """The recipe's `name`, read with the recipe loader's limits but not validated: the
     dashboards show the runs of a recipe that no longer validates, too."""
     from orchestrator.recipe import load_yaml
@@ -273,7 +273,7 @@ def _open(args: argparse.Namespace, dashboards: Dashboards,
     target = Path(args.target) if args.target else None
     if target is not None and not target.exists():
         raise OrchestratorError("no such recipe file or project folder", file=str(target))
-    recipe = _recipe_name(target) if target is not None and target.is_file() else None
+    recipe = recipe_name(target) if target is not None and target.is_file() else None
     _check_port(args.mlflow_port, "--mlflow-port")  # before anything starts
     own_prefect = os.environ.get("PREFECT_API_URL")
     if not own_prefect:

@@ -342,3 +342,16 @@ def test_ui_on_a_taken_port_starts_nothing(home: Path) -> None:
     assert caught.value.exit_code == 2
     assert not (home / STATE_FILE).exists() and not (home / prefect_server.LOG_FILE).exists()
     assert not servers_of(home)
+
+
+def test_identity_is_the_installation_not_the_name_of_its_python() -> None:
+    """`make demo` runs the console script (bin/python3 in its shebang), a script runs
+    `python -m orchestrator`: both must share one server."""
+    names = [p for p in (Path(sys.executable).with_name(n) for n in ("python", "python3"))
+             if p.exists()]
+    if len(names) < 2:
+        pytest.skip("this installation has one name for its Python")
+    code = "from orchestrator.prefect_server import _identity; print(_identity())"
+    seen = {subprocess.run([str(python), "-c", code], capture_output=True, text=True,
+                           check=True, timeout=120).stdout for python in names}
+    assert len(seen) == 1, seen
