@@ -264,16 +264,23 @@ class Browser:
         self._playwright.stop()
 
 
+@pytest.fixture(scope="module")
+def chromium_executable() -> str:
+    """Module-scoped, so that a machine without a browser skips before the recipe runs."""
+    return chromium()
+
+
 @pytest.fixture
-def browser() -> Iterator[Browser]:
-    opened = Browser(chromium())
+def browser(chromium_executable: str) -> Iterator[Browser]:
+    opened = Browser(chromium_executable)
     try:
         yield opened
     finally:
         opened.close()
 
 
-def test_both_dashboards_show_the_run_by_name(project: Project, browser: Browser) -> None:
+def test_both_dashboards_show_the_run_by_name(chromium_executable: str, project: Project,
+                                              browser: Browser) -> None:
     """Attached to the server the run left: Ctrl-C stops the MLflow UI and leaves that
     server running, as it was before."""
     shared = project.server_state()
