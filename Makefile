@@ -31,12 +31,7 @@ $(DEMO_KEY): $(STAMP)
 
 demo: $(EXAMPLE) $(DEMO_KEY)
 	@echo "model key: ORCHESTRATOR_MODEL_KEY from $(DEMO_KEY)"
-	ORCHESTRATOR_MODEL_KEY="$$(cat $(DEMO_KEY))" $(VENV)/bin/orchestrator run recipes/digits.yaml -o out/digits; \
-	status=$$?; \
-	echo; \
-	echo "Results: out/digits/report.json, models in out/digits/<variant>/ (model.pb, model.enc)"; \
-	echo "MLflow UI: $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db"; \
-	exit $$status
+	ORCHESTRATOR_MODEL_KEY="$$(cat $(DEMO_KEY))" $(VENV)/bin/orchestrator run recipes/digits.yaml -o out/digits
 
 test: $(EXAMPLE)
 	$(PY) -m pytest -q

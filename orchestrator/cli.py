@@ -10,6 +10,7 @@ import argparse
 import gc
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -124,25 +125,31 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from orchestrator import prefect_server
+    from orchestrator import prefect_server, project
     from orchestrator.progress import ConsoleProgress
     from orchestrator.recipe import load_recipe
-    from orchestrator.runner import check_folders, default_store, output_dir, run_recipe
 
     server = None
     try:
         loaded = load_recipe(args.recipe, args.set)
-        store = default_store()
-        check_folders(output_dir(loaded, args.output), store, None)  # before the server
-        # a server of an earlier run, or one booting in its own process (~2.5 s) while we
-        # load the model and import MLflow and Prefect
-        server = prefect_server.start_if_needed(store.root)
+        root = project.project_root(loaded.path)
+        store_root = project.store_dir(root)
+        output = None if args.output is None else os.path.abspath(args.output)
+        # before the server starts: a folder that cannot be written is exit 2 at once
+        project.check_folders(project.output_dir(root, loaded.recipe.name, output),
+                              store_root, root)
+        # a server of an earlier run, or one booting in its own process (~2.5 s) while
+        # Prefect and the flow are imported
+        server = prefect_server.start_if_needed(store_root)
+        from pipelines import recipe_flow
+
+        if server is not None:
+            server.wait_ready()
         total = sum(len(s) for s in loaded.stages.values())
-        with ConsoleProgress(total) as progress:
-            result = run_recipe(loaded, out_dir=args.output, variants=args.variant or None,
-                                use_cache=not args.no_cache, store=store, hooks=[progress],
-                                before_flow=server.wait_ready if server else None,
-                                flow_heartbeats=server is None)
+        with ConsoleProgress(total) as progress, recipe_flow.observed_by(progress):
+            report = recipe_flow.run(str(loaded.path), overrides=list(args.set),
+                                     variants=args.variant or None, no_cache=args.no_cache,
+                                     output=output, heartbeats=server is None)
     except OrchestratorError as exc:
         return _error(exc)
     finally:
@@ -155,19 +162,36 @@ def cmd_run(args: argparse.Namespace) -> int:
                       file=sys.stderr)
     from orchestrator.report import print_summary
 
-    print_summary(result.report, result.out_dir)
-    if result.exit_code == 1:
-        print("budget gate failed: some target has no variant within its budgets",
+    print_summary(report, Path(report["out_dir"]))
+    _print_where(report, args.recipe)
+    missing = [target for target, variant in report["selected"].items() if variant is None]
+    if missing:
+        print(f"budget gate failed: no variant within the budgets of {', '.join(missing)}",
               file=sys.stderr)
-    return result.exit_code
+        return 1
+    return 0
+
+
+def _print_where(report: dict, recipe_arg: str) -> None:
+    """Where this run's records are, and how to look at them."""
+    where = report["locations"]
+    registry = report.get("registry") or {}
+    if registry.get("registered"):
+        entry = registry["registered"]
+        print(f"Registered {entry['name']} version {entry['version']} as "
+              f"'{entry.get('alias', 'candidate')}' in the MLflow Model Registry")
+    elif registry.get("refused"):
+        print(f"Not registered: {registry['refused']}")
+    print(f"MLflow run {report['mlflow_run_id']} (tracking: {where['tracking']}); "
+          f"store: {where['store']}")
+    print(f"Dashboards: orchestrator ui {recipe_arg}")
 
 
 def cmd_server(args: argparse.Namespace) -> int:
     """The local Prefect server that runs share (see prefect_server): status, or stop."""
-    from orchestrator import prefect_server
-    from orchestrator.runner import default_store
+    from orchestrator import prefect_server, project
 
-    home = default_store().root
+    home = project.store_dir(project.project_root())
     if args.action == "stop":
         stopped = prefect_server.stop_server(home, force=args.force)
         print(f"stopped the Prefect server at {stopped['api_url']} (pid {stopped['pid']})"
@@ -195,6 +219,10 @@ class _CurrentStderrHandler(logging.StreamHandler):
     def stream(self, value: object) -> None:
         pass
 
+    def filter(self, record: logging.LogRecord) -> bool:
+        # lines the progress display shows already go to Prefect's run logs only
+        return getattr(record, "console", True) and bool(super().filter(record))
+
 
 def configure_logging() -> None:
     """Our warnings go to stderr through our own handler, not through the root logger:
@@ -202,6 +230,7 @@ def configure_logging() -> None:
     logger = logging.getLogger("orchestrator")
     if not any(isinstance(h, _CurrentStderrHandler) for h in logger.handlers):
         handler = _CurrentStderrHandler()
+        handler.setLevel(logging.WARNING)  # INFO lines go to the Prefect run's logs only
         handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
         logger.addHandler(handler)
     logger.setLevel(logging.WARNING)
@@ -214,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a recipe as a Prefect flow, tracked in MLflow")
     run.add_argument("recipe")
     run.add_argument("-o", "--output", type=Path, default=None,
-                     help="output folder (default: out/<recipe name>)")
+                     help="output folder (default: out/<recipe name> in the recipe's project)")
     run.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
                      help="override a recipe field by its dotted path")
     run.add_argument("--no-cache", action="store_true", help="run every stage again")
@@ -244,8 +273,10 @@ def build_parser() -> argparse.ArgumentParser:
     from orchestrator.cli_kinds import add_parsers
 
     add_parsers(sub)  # keygen, decrypt
-    from orchestrator import ui
+    from orchestrator import cli_ops, cli_registry, ui
 
+    cli_ops.add_parsers(sub)  # gate, deploy, serve
+    cli_registry.add_parsers(sub)  # promote
     ui.add_parsers(sub)  # ui: the dashboards
     return parser
 

@@ -32,7 +32,6 @@ Every user-caused failure is a DataError naming the file and the recipe field.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib
 import importlib.util
@@ -40,7 +39,6 @@ import logging
 import os
 import re
 import struct
-import sys
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -50,6 +48,7 @@ from typing import Any, Literal
 import numpy as np
 
 from orchestrator import paths
+from orchestrator.callables import CallableProblem, import_callable, on_sys_path
 from orchestrator.errors import DataError
 from orchestrator.model import TensorSpec
 from orchestrator.recipe_models import DataSource
@@ -193,7 +192,7 @@ def fingerprint(source: DataSource, base_dir: Path) -> str:
             _hash_file(digest, _resolve(source.labels, base_dir))
     else:
         module_name = source.source.rpartition(":")[0]
-        with _on_sys_path(base_dir):
+        with on_sys_path(base_dir):
             try:
                 spec = importlib.util.find_spec(module_name)
             except (ImportError, ValueError) as exc:
@@ -644,46 +643,18 @@ def _folder_labeller(names: list[str], labels_file: str, field: str) -> Callable
 # --------------------------------------------------------------------------- module:function
 
 
-@contextlib.contextmanager
-def _on_sys_path(folder: Path) -> Iterator[None]:
-    entry = str(folder.resolve())
-    added = entry not in sys.path
-    if added:
-        sys.path.insert(0, entry)
-    try:
-        yield
-    finally:
-        if added and entry in sys.path:
-            sys.path.remove(entry)
-
-
 def _import_function(spec: str, base_dir: Path, field_path: str) -> Callable[[], Any]:
-    module_name, _, function_name = spec.rpartition(":")
-    field = f"{field_path}.source"
-    with _on_sys_path(base_dir):
-        try:
-            module = importlib.import_module(module_name)
-        except Exception as exc:  # the user's module: any import failure is theirs
-            raise DataError(f"cannot import module {module_name!r} (looked in {base_dir} "
-                            f"and sys.path): {type(exc).__name__}: {exc}",
-                            field=field) from exc
-    fn = getattr(module, function_name, None)
-    if fn is None or not callable(fn):
-        public = sorted(n for n, v in vars(module).items()
-                        if callable(v) and not n.startswith("_")
-                        and getattr(v, "__module__", None) == module.__name__)
-        what = "no function" if fn is None else "a non-callable"
-        raise DataError(f"module {module_name!r} has {what} {function_name!r}; its functions: "
-                        f"{', '.join(public) or '(none)'}", file=getattr(module, "__file__", None),
-                        field=field)
-    return fn
+    try:
+        return import_callable(spec, base_dir)
+    except CallableProblem as exc:
+        raise DataError(str(exc), file=exc.file, field=f"{field_path}.source") from exc
 
 
 def _module_chunks(fn: Callable[[], Any], spec: str, base_dir: Path, role: Role,
                    field_path: str) -> Iterator[Chunk]:
     field = f"{field_path}.source"
     try:
-        with _on_sys_path(base_dir):
+        with on_sys_path(base_dir):
             items = iter(fn())
         for i, item in enumerate(items):
             if isinstance(item, tuple | list) and len(item) == 2:

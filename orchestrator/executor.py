@@ -1,7 +1,7 @@
 """Runs one plan node: load its input model from the store, call the stage, save the result.
 
-Nothing here knows Prefect or MLflow (flows.py and tracking.py wrap it); nothing here knows
-TensorFlow beyond what the stages and sources do.
+Nothing here knows Prefect or MLflow (pipelines/recipe_flow.py and tracking.py wrap it);
+nothing here knows TensorFlow beyond what the stages and sources do.
 """
 
 from __future__ import annotations
@@ -44,10 +44,11 @@ class NodeOutcome:
 class RunData:
     """The recipe's data, loaded lazily and at most once per run."""
 
-    def __init__(self, plan: Plan, store: Store,
-                 load_source: Callable[[], ModelArtifact]) -> None:
+    def __init__(self, plan: Plan, store: Store, load_source: Callable[[], ModelArtifact],
+                 devices: dict[str, Any]) -> None:
         self.plan = plan
         self.store = store
+        self.devices = devices
         self._load_source = load_source
         self.recipe = plan.recipe.recipe
         # model key -> artifact kept in memory only (ignore_errors pass-throughs)
@@ -101,20 +102,19 @@ class RunData:
 
         return predict(self.source, self.evaluation_data.inputs)
 
-    def context(self, node: Node, devices: dict[str, Any]) -> StageContext:
+    def context(self, node: Node) -> StageContext:
         has_eval = self.recipe.data.evaluation is not None
         return StageContext(
             pipeline=node.pipeline, stage=node.stage,
             representative=self.representative if self.recipe.data.representative else None,
             evaluation=(lambda: self.evaluation_data) if has_eval else None,
             reference_outputs=(lambda: self.reference) if has_eval else None,
-            devices=devices, log=logging.getLogger(f"orchestrator.stage.{node.stage}"),
+            devices=self.devices, log=logging.getLogger(f"orchestrator.stage.{node.stage}"),
             read_file=lambda path: self.plan.recipe.resolve(path).read_bytes(),
             model_key=lambda key_id: self.plan.model_key(key_id or node.key_id))
 
 
-def execute_node(node: Node, data: RunData, devices: dict[str, Any],
-                 use_cache: bool = True) -> NodeOutcome:
+def execute_node(node: Node, data: RunData, use_cache: bool = True) -> NodeOutcome:
     """Run (or fetch from the cache) one node. A failing stage raises StageError and leaves
     nothing in the store for this node."""
     store = data.store
@@ -127,7 +127,7 @@ def execute_node(node: Node, data: RunData, devices: dict[str, Any],
     artifact = data.load_model(node.input_model_key)
     started = time.perf_counter()
     try:
-        result = stage.run(artifact, node.params, data.context(node, devices))
+        result = stage.run(artifact, node.params, data.context(node))
     except (DataError, ModelSourceError) as exc:
         # the user's input (a file a param names, data) is wrong, not the stage: exit 2,
         # located at the stage in the recipe

@@ -18,15 +18,15 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from orchestrator.budgets import quality_violations
 from orchestrator.errors import OrchestratorError
 from orchestrator.executor import NodeOutcome, RunData
 from orchestrator.plan import Node, Plan, chain_nodes
-from orchestrator.quantization import QUANTIZABLE_OPS
+from orchestrator.quantization import QUANTIZABLE_OPS, WEIGHT_OPS
 from orchestrator.recipe_models import Tune
 
-# Weight-bearing ops: usually the most harmful in 8 bits, tried first; a candidate must
-# keep at least one of them in 8 bits (else it is just the float model).
-WEIGHT_OPS = ("MatMul", "Conv2D", "Conv2DBackpropInput")
+# Weight-bearing ops (WEIGHT_OPS) are tried first; a candidate must keep at least one of
+# them in 8 bits (else it is just the float model).
 
 
 def _op_order(op: str) -> tuple[int, str]:
@@ -91,19 +91,8 @@ def guarded_pipelines(plan: Plan) -> list[str]:
 
 def _quality_violations(plan: Plan, accuracy_drop: float | None, fidelity: float | None
                         ) -> list[str]:
-    violations = []
-    for target in plan.recipe.recipe.targets:
-        budgets = target.budgets
-        if budgets.max_accuracy_drop is not None:
-            if accuracy_drop is None:
-                violations.append(f"{target.name}: accuracy not measured (labels needed)")
-            elif accuracy_drop > budgets.max_accuracy_drop:
-                violations.append(f"{target.name}: accuracy drop {accuracy_drop:.4f} > "
-                                  f"{budgets.max_accuracy_drop}")
-        if budgets.min_fidelity is not None and (fidelity is None
-                                                 or fidelity < budgets.min_fidelity):
-            violations.append(f"{target.name}: fidelity {fidelity} < {budgets.min_fidelity}")
-    return violations
+    return [f"{target.name}: {violation}" for target in plan.recipe.recipe.targets
+            for violation in quality_violations(accuracy_drop, fidelity, target.budgets)]
 
 
 def _has_quality_budget(plan: Plan) -> bool:
@@ -200,12 +189,22 @@ def _candidates(present_ops: list[str], layers: list[str], tune: Tune,
             best, chosen = trial, chosen | {element}
 
 
+@dataclass
+class GuardResult:
+    """The pipeline's nodes and outcomes as the guard chose them, and its trials table
+    (trial 0 is the recipe's own settings). The caller puts the nodes into its plan."""
+
+    nodes: list[Node]
+    outcomes: dict[str, NodeOutcome]
+    trials: list[dict[str, Any]]
+
+
 def guard_pipeline(name: str, plan: Plan, data: RunData, outcomes: dict[str, NodeOutcome],
                    submit: Callable[[Node], NodeOutcome], tune: Tune,
                    on_trial: Callable[[str, dict[str, Any]], Any] | None = None
-                   ) -> list[dict[str, Any]]:
-    """Search for settings that meet the budgets; swap the best into the plan. Returns the
-    trials table (trial 0 is the recipe's own settings)."""
+                   ) -> GuardResult:
+    """Search for settings that meet the budgets; the best candidate's nodes, never a
+    change to `plan` or `outcomes`."""
     nodes = plan.pipelines[name]
     own = [outcomes[n.id] for n in nodes]
     accuracy, drop, fidelity = _measure(own)
@@ -214,9 +213,9 @@ def guard_pipeline(name: str, plan: Plan, data: RunData, outcomes: dict[str, Nod
     trials = [baseline]
     if not any(n.stage == "evaluate" for n in nodes):
         baseline.violations.append("the guard needs an evaluate stage in the pipeline")
-        return [baseline.row()]
+        return GuardResult(nodes, baseline.outcomes, [baseline.row()])
     if baseline.ok or not _has_quality_budget(plan):
-        return [baseline.row()]
+        return GuardResult(nodes, baseline.outcomes, [baseline.row()])
     quantize = next(n for n in nodes if n.stage == "quantize_nodes")
     graph = data.load_model(quantize.input_model_key).graph_def
     allowed = getattr(quantize.params, "ops", None) or QUANTIZABLE_OPS
@@ -261,20 +260,17 @@ def guard_pipeline(name: str, plan: Plan, data: RunData, outcomes: dict[str, Nod
             break
     best = next((t for t in trials if t.ok and not t.failed), None) or min(
         trials, key=Trial.badness)
-    if best is not baseline:
-        plan.pipelines[name] = best.nodes
-        outcomes.update(best.outcomes)
     rows = [t.row() for t in trials]
     for row in rows:
         row["chosen"] = row["trial"] == best.index
-    return rows
+    return GuardResult(best.nodes, best.outcomes, rows)
 
 
 def apply_guard(name: str, plan: Plan, data: RunData, outcomes: dict[str, NodeOutcome],
                 submit: Callable[[Node], NodeOutcome],
                 on_trial: Callable[[str, dict[str, Any]], Any] | None = None
-                ) -> list[dict[str, Any]] | None:
-    """Run the guard on pipeline `name` if it is guarded; its trials table, else None."""
+                ) -> GuardResult | None:
+    """Run the guard on pipeline `name` if it is guarded, else None."""
     if name not in guarded_pipelines(plan):
         return None
     tune = plan.recipe.recipe.tune or Tune()

@@ -43,8 +43,45 @@ def tracking_uri(root: Path) -> str:
         f"sqlite:///{tracking_folder(root) / 'mlflow.db'}")
 
 
+def default_tracking_uri(root: Path | None = None) -> str:
+    """MLFLOW_TRACKING_URI, else sqlite in `mlruns/` at the project root (`root`, else the
+    one around the working directory)."""
+    return tracking_uri(root or project_root())
+
+
+def local_tracking_folder(uri: str | None = None, root: Path | None = None) -> Path | None:
+    """The local folder a tracking URI writes to (sqlite, file store), else None (a
+    server). Without a URI: MLFLOW_TRACKING_URI's, else `mlruns/` at the project root."""
+    uri = uri or default_tracking_uri(root)
+    if uri.startswith("sqlite:///"):
+        return Path(uri.removeprefix("sqlite:///").split("?")[0]).parent
+    if uri.startswith("file://"):
+        return Path(uri.removeprefix("file://"))
+    if "://" not in uri:
+        return Path(uri)
+    return None
+
+
 def output_dir(root: Path, recipe_name: str, requested: Path | str | None = None) -> Path:
     """`-o DIR` as given (relative to the working directory), else `out/<recipe name>`
     under the project root; absolute, not resolved through symlinks (a loop is reported by
     the folder check)."""
     return Path(os.path.abspath(requested if requested else root / "out" / recipe_name))
+
+
+def check_folders(out_dir: Path, store_root: Path, root: Path) -> None:
+    """Every folder the run will write to can be written: exit 2 naming it, before the
+    run, rather than a failure after every stage has run."""
+    from orchestrator.errors import OutputError
+    from orchestrator.paths import writable_dir_problem
+    folders = [(out_dir, "the output folder (-o)"),
+               (store_root, f"the store ({STORE_ENV})")]
+    tracking = local_tracking_folder(tracking_uri(root))
+    if tracking is not None:
+        named = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else (
+            "the project's mlruns/")
+        folders.append((tracking, f"MLflow's folder ({named})"))
+    for folder, role in folders:
+        problem = writable_dir_problem(folder)
+        if problem:
+            raise OutputError(f"cannot write to {role}: {problem}", file=str(folder))

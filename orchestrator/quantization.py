@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 QUANTIZABLE_OPS: tuple[str, ...] = (
     "Add", "AvgPool", "BiasAdd", "Concat", "Conv2D", "Conv2DBackpropInput", "MatMul",
     "MaxPool", "Mul", "Relu", "Relu6", "Reshape", "ResizeBilinear")
+# The quantizable ops that carry weights: usually the most harmful in 8 bits.
+WEIGHT_OPS: tuple[str, ...] = ("MatMul", "Conv2D", "Conv2DBackpropInput")
 
 LOG_MESSAGE = "__requant_min_max:"
 PRINT_SUFFIX = "__print__"

@@ -9,7 +9,7 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -23,6 +23,9 @@ from orchestrator.limits import (
     name_problem,
 )
 from orchestrator.recipe_models import Pipeline, Recipe
+
+if TYPE_CHECKING:
+    from orchestrator.devices import Device
 
 Loc = tuple[str | int, ...]
 
@@ -60,6 +63,19 @@ class LoadedRecipe:
 
     def error(self, message: str, loc: Loc, cls: type[RecipeError] = RecipeError) -> RecipeError:
         return make_error(cls, message, self.path, loc, self.marks)
+
+    def devices(self) -> dict[str, Device]:
+        """Each target's device, resolved from its preset name or inline spec; an unknown
+        one is a RecipeError at the target's `device` line."""
+        from orchestrator.devices import resolve_device
+
+        devices = {}
+        for index, target in enumerate(self.recipe.targets):
+            try:
+                devices[target.name] = resolve_device(target.device)
+            except ValueError as exc:
+                raise self.error(str(exc), ("targets", index, "device")) from exc
+        return devices
 
     def relocate(self, exc: OrchestratorError, loc: Loc, prefix: str = "") -> Any:
         """`exc` (of the same class) moved onto the recipe field `loc`, keeping the file it
@@ -570,13 +586,7 @@ def _check_files(loaded: LoadedRecipe) -> None:
                     raise loaded.error(f"{param}: {shown}: {loaded.resolve(value)}",
                                        ("pipelines", name, "stages", index, stage_name, param),
                                        RecipeError)
-    from orchestrator.devices import resolve_device
-
-    for index, target in enumerate(recipe.targets):
-        try:
-            resolve_device(target.device)
-        except ValueError as exc:
-            raise loaded.error(str(exc), ("targets", index, "device")) from exc
+    loaded.devices()
 
 
 def _nesting_depth(data: Any) -> int:

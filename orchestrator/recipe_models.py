@@ -135,16 +135,19 @@ class Schedule(Strict):
 
 
 def valid_cron(value: str) -> str:
-    """The cron expression Prefect will run, checked by Prefect's own parser."""
-    from prefect._vendor.croniter import croniter
+    """A standard 5-field cron expression (checked without importing Prefect, which must
+    not be imported before the run picks its server; `deploy` checks it with Prefect's own
+    parser as well)."""
+    from datetime import datetime
 
-    fields = value.split()
-    if len(fields) not in (5, 6) or not croniter.is_valid(value):
-        raise ValueError(f"invalid cron expression {value!r}: expected 5 fields, minute hour "
-                         "day-of-month month day-of-week, e.g. '0 3 * * *'")
-    if any(f.casefold() in ("r", "h") for f in fields):
-        raise ValueError(f"cron expression {value!r}: random (R) and hashed (H) fields are "
-                         "not supported by Prefect")
+    from cronsim import CronSim, CronSimError
+
+    try:
+        CronSim(value, datetime(2020, 1, 1))
+    except CronSimError as exc:
+        raise ValueError(f"invalid cron expression {value!r} ({exc}): expected 5 fields, "
+                         "minute hour day-of-month month day-of-week, e.g. '0 3 * * *'"
+                         ) from None
     return value
 
 
@@ -190,6 +193,10 @@ class Recipe(Strict):
     schedule: Schedule | None = Field(None, description="When `orchestrator deploy` runs it.")
     retrain: Retrain | None = Field(None, description="Train a new model first; the "
                                     "pipelines run on the model it returns.")
+    # `register` as written; the attribute name avoids ABCMeta.register
+    register_candidate: bool = Field(
+        False, alias="register", description="Register the selected models as the "
+        "`candidate` version in the MLflow Model Registry when every budget gate passes.")
 
     @model_validator(mode="after")
     def _unique_target_names(self) -> Recipe:

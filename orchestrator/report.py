@@ -16,14 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import kinds
+from orchestrator.budgets import check_budgets
 from orchestrator.errors import OutputError
 from orchestrator.executor import NodeOutcome, RunData
 from orchestrator.limits import name_problem
 from orchestrator.paths import describe_os_error
 from orchestrator.plan import Plan
 from orchestrator.store import interrupts_deferred
-
-MB = 1024 * 1024  # budgets are in MiB: what phones and their app stores report
 
 
 def _merged(outcomes: list[NodeOutcome]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -34,46 +33,6 @@ def _merged(outcomes: list[NodeOutcome]) -> tuple[dict[str, Any], dict[str, Any]
         metrics.update(outcome.metrics)
         info.update(outcome.info)
     return metrics, info
-
-
-def check_budgets(variant: Mapping[str, Any], budgets: Any, est_latency_ms: float | None,
-                  device: Any = None) -> list[str]:
-    """Readable violations of one target's budgets, and of the device's own RAM limit
-    (empty when all are met)."""
-    violations: list[str] = []
-    if device is not None and variant["ram_bytes"] / MB > device.ram_limit_mb:
-        violations.append(f"RAM {variant['ram_bytes'] / MB:.2f} MB ({variant['ram_source']}) > "
-                          f"the device's limit of {device.ram_limit_mb:g} MB")
-
-    def measured(value: Any, what: str, how: str) -> bool:
-        if value is None:
-            violations.append(f"{what} not measured: add {how} to the pipeline")
-            return False
-        return True
-
-    if budgets.max_size_mb is not None:
-        size_mb = variant["size_bytes"] / MB
-        if size_mb > budgets.max_size_mb:
-            violations.append(f"size {size_mb:.3f} MB > max_size_mb {budgets.max_size_mb}")
-    if budgets.max_accuracy_drop is not None and measured(
-            variant.get("accuracy_drop"), "accuracy_drop", "evaluate (with labelled data)"):
-        if variant["accuracy_drop"] > budgets.max_accuracy_drop:
-            violations.append(f"accuracy drop {variant['accuracy_drop']:.4f} > "
-                              f"max_accuracy_drop {budgets.max_accuracy_drop}")
-    if budgets.min_fidelity is not None and measured(variant.get("fidelity"), "fidelity",
-                                                     "evaluate"):
-        if variant["fidelity"] < budgets.min_fidelity:
-            violations.append(f"fidelity {variant['fidelity']:.4f} < min_fidelity "
-                              f"{budgets.min_fidelity}")
-    if budgets.max_latency_ms is not None and measured(est_latency_ms, "latency", "benchmark"):
-        if est_latency_ms > budgets.max_latency_ms:  # type: ignore[operator]
-            violations.append(f"estimated latency {est_latency_ms:.3f} ms > max_latency_ms "
-                              f"{budgets.max_latency_ms}")
-    if budgets.max_ram_mb is not None:
-        ram_mb = variant["ram_bytes"] / MB
-        if ram_mb > budgets.max_ram_mb:
-            violations.append(f"RAM {ram_mb:.2f} MB > max_ram_mb {budgets.max_ram_mb}")
-    return violations
 
 
 def build_variant(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, NodeOutcome],
@@ -149,6 +108,7 @@ def build_report(plan: Plan, data: RunData, outcomes: Mapping[str, NodeOutcome],
             "recipe_path": str(plan.recipe.path),
             "mlflow_run_id": run_id,
             "data": data_summary(plan),
+            "data_fingerprints": dict(plan.fingerprints),
             "variants": built,
             "selected": select(built, [t.name for t in plan.recipe.recipe.targets])}
 

@@ -1,16 +1,25 @@
-"""MLflow tracking, in a process of its own: the only module that imports mlflow.
+"""MLflow tracking, in a process of its own: the only module that imports mlflow (with
+registry.py, which it calls).
 
 Importing MLflow costs about 1.5 s of CPU, as much as a cached re-run has work. So each run
 starts `python -m orchestrator.tracking` first thing (tracking_client.TrackingClient), which
 imports MLflow on the other core while the run loads the model and runs its flow, and sends
-it plain JSON lines, one per event. This worker logs one parent run per recipe run, one
-nested run per pipeline and one per guard trial, through MlflowClient with explicit run ids.
+it plain JSON lines, one per event. This worker logs, through MlflowClient with explicit run
+ids, into one experiment per recipe:
+
+- a parent run `<recipe>@<commit>` (run_names.run_name) with a short set of params, the
+  recipe's description as its note, every pipeline's headline metrics under prefixed keys
+  (`int8.size_bytes`), the selection per target as tags (`selected.phone`), the recipe as
+  loaded and report.json as artifacts, and, when asked, the Model Registry outcome;
+- a nested run per pipeline, named by it: its stages' metrics as they end, its summary and
+  model files at the end;
+- a nested run per accuracy-guard trial, under its pipeline's run.
 
 Protocol (one JSON object per line): in on stdin, ops `start`, `node_end`, `node_error`,
-`trial`, `finish`; out on the original stdout, `started` (with the run id), `finished`, or
-`error` (after which the worker stops). Secret-looking keys are dropped before they leave
-the run's process (tracking_client); a worker whose input ends before `finish` (the run
-died) marks its runs FAILED.
+`trial`, `finish`; out on the original stdout, `started` (with the run id), `finished` (with
+the registry outcome), or `error` (after which the worker stops). Secret-looking keys are
+dropped before they leave the run's process (tracking_client); a worker whose input ends
+before `finish` (the run died) marks its runs FAILED.
 """
 
 from __future__ import annotations
@@ -20,19 +29,51 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
+import tempfile
+import time
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from orchestrator.project import local_tracking_folder
+from orchestrator.run_names import git_commit, run_name
+
+__all__ = ["git_commit", "run_name"]  # re-exported: older callers import them from here
+
 # Keys that look like secrets are never logged, whatever the recipe holds.
 _SECRET = re.compile(r"(key|secret|password|passwd|token|credential)", re.IGNORECASE)
+# ...except the ones that only say where a secret is (encrypt's key_env, key_file)
+_SECRET_REFERENCE = re.compile(r"(_env|_file|_id)$", re.IGNORECASE)
 _MAX_PARAM = 6000
+_MAX_TAG = 8000
 # The tracking URI the worker checks as soon as it starts (set by tracking_client).
 PROBE_ENV = "ORCHESTRATOR_TRACKING_PROBE"
+
+# MLflow 3.17's UI shows an experiment as GenAI or classic ML. With its sidebar's workflow
+# switch on (the default build), the view follows that switch, remembered per browser
+# (localStorage `mlflow.workflowType`, default "genai"), and the URL parameter
+# `workflowType=machine_learning` overrides it: links to our experiments carry it
+# (experiment_url). Builds without the switch read this experiment tag instead, and MLflow's
+# own "experiment type" selector writes it: we set it on every experiment we log to.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+CLASSIC_KIND = "custom_model_development"
+CLASSIC_VIEW_QUERY = "workflowType=machine_learning"
+NOTE_TAG = "mlflow.note.content"  # the run's (or experiment's) description in the UI
+REGISTRY_STATUS_TAG = "registry.status"
+
+# A pipeline's measurement: these stages' metrics are the pipeline's own (unprefixed, as the
+# report has them); other stages' metrics are prefixed with the stage (`quantize_nodes.x`).
+MEASURING_STAGES = ("benchmark", "evaluate")
+# Per pipeline on its own run, at the end (the report's figures, one column each)
+PIPELINE_METRICS = ("size_bytes", "gzip_size_bytes", "params", "flops", "ram_bytes",
+                    "accuracy", "accuracy_drop", "fidelity")
+LATENCY_METRICS = ("p50", "p90", "mean")
+# Per pipeline on the parent run, prefixed with its name: what runs are compared by
+PARENT_METRICS = ("size_bytes", "gzip_size_bytes", "accuracy", "accuracy_drop", "fidelity",
+                  "latency_p50_ms")
 
 
 # How long the worker waits to reach an HTTP tracking server before it says it cannot.
@@ -42,18 +83,25 @@ PROBE_TIMEOUT_S = 5.0
 _HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
 
 
-def local_tracking_folder(tracking_uri: str | None = None) -> Path | None:
-    """The local folder a tracking URI writes to (sqlite, file store), else None."""
-    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or ""
-    if not uri:
-        return Path.cwd() / "mlruns"
-    if uri.startswith("sqlite:///"):
-        return Path(uri.removeprefix("sqlite:///").split("?")[0]).parent
-    if uri.startswith("file://"):
-        return Path(uri.removeprefix("file://"))
-    if "://" not in uri:
-        return Path(uri)
-    return None
+def artifact_root(tracking_uri: str) -> str | None:
+    """Where new experiments keep their artifacts: next to a sqlite database, in
+    `<its folder>/artifacts` (`<root>/mlruns/artifacts` for the default store). Else None:
+    the tracking server decides. MLflow's own default for sqlite, `./mlruns` under the
+    working directory at the time, would scatter them."""
+    folder = local_tracking_folder(tracking_uri) if tracking_uri.startswith("sqlite:") else None
+    return None if folder is None else (folder / "artifacts").resolve().as_uri()
+
+
+def experiment_url(ui_url: str, experiment_id: str) -> str:
+    """The MLflow UI page of an experiment, in the classic (machine learning) view: its runs
+    table. Without the query, MLflow 3.17 opens the GenAI overview, whatever the tags."""
+    return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}?{CLASSIC_VIEW_QUERY}"
+
+
+def run_url(ui_url: str, experiment_id: str, run_id: str) -> str:
+    """The MLflow UI page of one run, in the classic view."""
+    return (f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+            f"?{CLASSIC_VIEW_QUERY}")
 
 
 def probe(tracking_uri: str) -> str | None:
@@ -93,15 +141,6 @@ def _store_lock(tracking_uri: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def default_tracking_uri(root: Path | None = None) -> str:
-    """MLFLOW_TRACKING_URI, else sqlite under ./mlruns (created on demand)."""
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"]
-    folder = (root or Path.cwd()) / "mlruns"
-    folder.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{(folder / 'mlflow.db').resolve()}"
-
-
 # user:password@, :token@ or token@ after a scheme; a password may hold '/' (cloud secret
 # keys do)
 _URL_CREDENTIALS = re.compile(r"(?<=://)(?:[^/@\s:]*:[^@\s]*|[^/@\s:]+)@")
@@ -110,6 +149,23 @@ _URL_CREDENTIALS = re.compile(r"(?<=://)(?:[^/@\s:]*:[^@\s]*|[^/@\s:]+)@")
 def redact(value: str) -> str:
     """Credentials inside URLs (scheme://user:password@host) become '***@'."""
     return _URL_CREDENTIALS.sub("***@", value)
+
+
+def is_secret_key(key: str) -> bool:
+    """A key whose value may be a secret (`api_token`, `password`), not one that only names
+    where a secret is (`key_env`, `key_file`, `key_id`)."""
+    return bool(_SECRET.search(key)) and not _SECRET_REFERENCE.search(key)
+
+
+def redacted(data: Any) -> Any:
+    """`data` with secret-looking keys' values replaced by '***' and URL credentials
+    redacted, for what is logged whole (the recipe as loaded)."""
+    if isinstance(data, Mapping):
+        return {key: "***" if is_secret_key(str(key)) else redacted(value)
+                for key, value in data.items()}
+    if isinstance(data, list):
+        return [redacted(value) for value in data]
+    return redact(data) if isinstance(data, str) else data
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, str]:
@@ -129,96 +185,153 @@ def flatten(data: Any, prefix: str = "") -> dict[str, str]:
     return flat
 
 
-def git_commit(path: Path) -> str | None:
-    """The commit of the recipe file, with '-dirty' when it has uncommitted changes."""
-    try:
-        commit = subprocess.run(["git", "-C", str(path.parent), "log", "-n1", "--format=%H",
-                                 "--", path.name], capture_output=True, text=True, timeout=10,
-                                check=False).stdout.strip()
-        if not commit:
-            return None
-        dirty = subprocess.run(["git", "-C", str(path.parent), "status", "--porcelain", "--",
-                                path.name], capture_output=True, text=True, timeout=10,
-                               check=False).stdout.strip()
-        return commit + ("-dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def _metric_key(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_\-. /]", "_", name)
 
 
 def numeric_values(values: Mapping[str, Any]) -> dict[str, float]:
+    """The int and float values of a mapping (not bools, not None), as floats."""
     return {k: float(v) for k, v in values.items()
             if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def variant_metrics(variant: Mapping[str, Any]) -> dict[str, float]:
+    """A report variant's figures as its pipeline run logs them (one column each)."""
+    values = numeric_values({k: variant.get(k) for k in PIPELINE_METRICS})
+    latency = variant.get("latency_ms") or {}
+    values.update(numeric_values({f"latency_{k}_ms": latency.get(k) for k in LATENCY_METRICS}))
+    for target, result in (variant.get("targets") or {}).items():
+        if result.get("est_latency_ms") is not None:
+            values[f"est_latency_ms.{target}"] = float(result["est_latency_ms"])
+        values[f"budgets_ok.{target}"] = float(bool(result.get("budgets_ok")))
+    seconds = [s.get("seconds") for s in variant.get("stages") or []]
+    values["seconds"] = float(sum(s for s in seconds if isinstance(s, int | float)))
+    return values
+
+
+def parent_metrics(report: Mapping[str, Any]) -> dict[str, float]:
+    """Every pipeline's headline figures for the parent run: `<pipeline>.<metric>`, and
+    `<pipeline>.est_latency_ms.<target>`."""
+    values: dict[str, float] = {}
+    for name, variant in (report.get("variants") or {}).items():
+        own = variant_metrics(variant)
+        for key in PARENT_METRICS:
+            if key in own:
+                values[f"{name}.{key}"] = own[key]
+        for target, result in (variant.get("targets") or {}).items():
+            if result.get("est_latency_ms") is not None:
+                values[f"{name}.est_latency_ms.{target}"] = float(result["est_latency_ms"])
+    return values
+
+
+def _chunks(items: list[Any], size: int) -> Iterable[list[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
 
 
 class MlflowLogger:
     """Turns the protocol's messages into MLflow calls."""
 
-    def __init__(self, tracking_uri: str, local_default: bool) -> None:
+    def __init__(self, tracking_uri: str) -> None:
         from mlflow.tracking import MlflowClient
 
-        # our own default store (not a shared server): artifacts go under mlruns/artifacts
-        self.local_default = local_default
         self.tracking_uri = tracking_uri
         with _store_lock(tracking_uri):  # a new store's tables are created on first use
             self.client = MlflowClient(tracking_uri)
             self.client.search_experiments(max_results=1)
         self.parent_run_id: str | None = None
         self.pipeline_runs: dict[str, str] = {}
+        self.pipeline_steps: dict[str, int] = {}  # stages per pipeline
         self.experiment_id: str | None = None
+        self.commit: str | None = None
+        self.run_name: str | None = None
 
-    def _experiment(self, name: str) -> str:
+    def _log(self, run_id: str, metrics: Mapping[str, float] | None = None,
+             params: Mapping[str, str] | None = None, tags: Mapping[str, str] | None = None,
+             step: int = 0, time_ms: int = 0) -> None:
+        """log_batch within MLflow's limits per call (1000 metrics, 100 params, 100 tags)."""
+        from mlflow.entities import Metric, Param, RunTag
+
+        metric_items = [Metric(_metric_key(k)[:250], v, time_ms, step)
+                        for k, v in (metrics or {}).items()]
+        param_items = [Param(k[:250], str(v)[:_MAX_PARAM]) for k, v in (params or {}).items()]
+        tag_items = [RunTag(k[:250], str(v)[:_MAX_TAG]) for k, v in (tags or {}).items()]
+        while metric_items or param_items or tag_items:
+            self.client.log_batch(run_id, metrics=metric_items[:1000],
+                                  params=param_items[:100], tags=tag_items[:100])
+            metric_items, param_items, tag_items = (
+                metric_items[1000:], param_items[100:], tag_items[100:])
+
+    def _experiment(self, name: str, description: str | None) -> str:
+        """The recipe's experiment, created on first use; shown in the classic view."""
+        tags = {EXPERIMENT_KIND_TAG: CLASSIC_KIND}
+        if description:
+            tags[NOTE_TAG] = description[:_MAX_TAG]
         existing = self.client.get_experiment_by_name(name)
-        if existing is not None:
-            return existing.experiment_id
-        location = None
-        if self.local_default:
-            db = Path(self.tracking_uri.removeprefix("sqlite:///"))
-            location = (db.parent / "artifacts").resolve().as_uri()
-        return self.client.create_experiment(name, artifact_location=location)
+        if existing is None:
+            # artifacts next to a sqlite store (else the server decides)
+            return self.client.create_experiment(
+                name, artifact_location=artifact_root(self.tracking_uri), tags=tags)
+        # An experiment keeps the artifact location it was created with (MLflow cannot move
+        # it): one created by an older version, or under another project folder, keeps
+        # storing there. Delete it (or rename the recipe) to start over under mlruns/.
+        for key, value in tags.items():
+            if existing.tags.get(key) != value:
+                self.client.set_experiment_tag(existing.experiment_id, key, value)
+        return existing.experiment_id
 
     def start(self, message: Mapping[str, Any]) -> str:
-        """Create the parent run and one nested run per pipeline; log params."""
-        from mlflow.entities import Param, RunTag
-
+        """Create the parent run and one nested run per pipeline; log their params."""
         name = message["recipe_name"]
+        recipe_path = Path(message["recipe_path"])
         with _store_lock(self.tracking_uri):  # the store's tables and the experiment
-            self.experiment_id = self._experiment(name)
-        parent = self.client.create_run(self.experiment_id, run_name=name,
-                                        tags={"orchestrator.recipe": message["recipe_path"]})
+            self.experiment_id = self._experiment(name, message.get("description"))
+        self.commit = git_commit(recipe_path)
+        self.run_name = message.get("run_name") or run_name(name, recipe_path, self.commit)
+        tags = {"orchestrator.recipe": str(recipe_path), "orchestrator.recipe_name": name,
+                "mlflow.source.name": str(recipe_path)}
+        if self.commit:
+            tags["mlflow.source.git.commit"] = self.commit.removesuffix("-dirty")
+        if message.get("description"):
+            tags[NOTE_TAG] = message["description"]
+        for key, value in (message.get("links") or {}).items():
+            tags[_metric_key(str(key))] = redact(str(value))  # MLflow's rule for tag names
+        parent = self.client.create_run(self.experiment_id, run_name=self.run_name)
         self.parent_run_id = parent.info.run_id
-        params = dict(message["params"])
-        commit = git_commit(Path(message["recipe_path"]))
-        params["recipe_git_commit"] = commit or "none"
-        items = [Param(k[:250], v) for k, v in sorted(params.items())]
-        for start in range(0, len(items), 100):
-            self.client.log_batch(self.parent_run_id, params=items[start:start + 100])
+        params = {**message["params"], "recipe.git_commit": self.commit or "none"}
+        self._log(self.parent_run_id, params=dict(sorted(params.items())), tags=tags)
         for pipeline in message["pipelines"]:
             run = self.client.create_run(
                 self.experiment_id, run_name=pipeline["name"],
                 tags={"mlflow.parentRunId": self.parent_run_id,
-                      "orchestrator.pipeline": pipeline["name"]})
+                      "orchestrator.pipeline": pipeline["name"],
+                      "orchestrator.recipe_name": name})
             self.pipeline_runs[pipeline["name"]] = run.info.run_id
-            self.client.log_batch(run.info.run_id, params=[
-                Param("pipeline", pipeline["name"]), Param("from", pipeline["from"]),
-                Param("stages", pipeline["stages"][:_MAX_PARAM])],
-                tags=[RunTag("orchestrator.recipe_name", name)])
+            self.pipeline_steps[pipeline["name"]] = len(pipeline["stages"].split(", "))
+            self._log(run.info.run_id, params={"pipeline": pipeline["name"],
+                                               "from": pipeline["from"],
+                                               "stages": pipeline["stages"]})
         return self.parent_run_id
 
-    def node_end(self, message: Mapping[str, Any]) -> None:
-        from mlflow.entities import Metric
+    def log_recipe(self, message: Mapping[str, Any]) -> None:
+        """The recipe as loaded (--set overrides applied, secrets redacted), as an artifact:
+        the params hold only a chosen few of its fields."""
+        if self.parent_run_id is None or message.get("recipe_yaml") is None:
+            return
+        with tempfile.TemporaryDirectory(prefix="orchestrator-recipe-") as folder:
+            path = Path(folder) / "recipe.yaml"
+            path.write_text(message["recipe_yaml"], encoding="utf-8")
+            self.client.log_artifact(self.parent_run_id, str(path), "recipe")
 
+    def node_end(self, message: Mapping[str, Any]) -> None:
+        """A stage's metrics on its pipeline's run, stepped by the stage's index."""
         run_id = self.pipeline_runs.get(message["pipeline"])
         if run_id is None:
             return
-        stage, step, at = message["stage"], message["index"], message["time_ms"]
-        metrics = [Metric(_metric_key(f"{stage}.{k}"), v, at, step)
-                   for k, v in numeric_values(message["metrics"]).items()]
-        metrics.append(Metric(_metric_key(f"seconds.{stage}"), message["seconds"], at, step))
-        self.client.log_batch(run_id, metrics=metrics)
+        stage = message["stage"]
+        prefix = "" if stage in MEASURING_STAGES else f"{stage}."
+        metrics = {f"{prefix}{k}": v for k, v in numeric_values(message["metrics"]).items()}
+        self._log(run_id, metrics=metrics, step=message["index"], time_ms=message["time_ms"])
 
     def node_error(self, message: Mapping[str, Any]) -> None:
         run_id = self.pipeline_runs.get(message["pipeline"])
@@ -227,53 +340,58 @@ class MlflowLogger:
 
     def trial(self, message: Mapping[str, Any]) -> None:
         """A nested run (under the pipeline's run) for one accuracy-guard trial."""
-        from mlflow.entities import Metric, Param
-
         pipeline, trial = message["pipeline"], message["trial"]
         parent = self.pipeline_runs.get(pipeline, self.parent_run_id)
         run = self.client.create_run(
-            self.experiment_id, run_name=f"{pipeline}-trial-{trial.get('trial')}",
-            tags={"mlflow.parentRunId": parent, "orchestrator.trial": "true"})
-        settings = flatten(trial.get("settings", {}))
-        metrics = numeric_values(trial.get("metrics", {}))
-        self.client.log_batch(run.info.run_id,
-                              params=[Param(k, v) for k, v in settings.items()],
-                              metrics=[Metric(k, v, 0, 0) for k, v in metrics.items()])
+            self.experiment_id, run_name=f"{pipeline}.trial-{trial.get('trial')}",
+            tags={"mlflow.parentRunId": parent, "orchestrator.trial": "true",
+                  "orchestrator.pipeline": pipeline})
+        # one param per setting (a list as one value), not one per list item
+        settings = {f"guard.{k}": redact(json.dumps(v, default=str))
+                    for k, v in (trial.get("settings") or {}).items()
+                    if not _SECRET.search(str(k))}
+        tags = {}
+        if trial.get("violations"):
+            tags["violations"] = "; ".join(map(str, trial["violations"]))
+        self._log(run.info.run_id, params=settings, tags=tags,
+                  metrics=numeric_values(trial.get("metrics") or {}))
         self.client.set_terminated(run.info.run_id, "FINISHED")
 
-    def finish(self, message: Mapping[str, Any]) -> None:
-        """Log variant metrics, models, the recipe and report.json; close the runs."""
-        from mlflow.entities import Metric
-
+    def finish(self, message: Mapping[str, Any]) -> dict[str, Any]:
+        """Log the pipelines' figures and model files, the parent's prefixed metrics and
+        selection tags, report.json; register the selection when asked; close the runs.
+        Returns the registry's outcome ({} when not asked)."""
         if self.parent_run_id is None:
-            return
+            return {}
         report = message.get("report")
         out_dir = Path(message["out_dir"]) if message.get("out_dir") else None
-        status = "FAILED" if message.get("failed") else "FINISHED"
-        self.client.log_artifact(self.parent_run_id, message["recipe_path"], "recipe")
+        failed = bool(message.get("failed"))
+        outcome: dict[str, Any] = {}
+        now = int(time.time() * 1000)
         if report is not None:
             for name, variant in report.get("variants", {}).items():
                 run_id = self.pipeline_runs.get(name)
                 if run_id is None:
                     continue
-                values = numeric_values({k: variant.get(k) for k in (
-                    "size_bytes", "gzip_size_bytes", "params", "flops", "accuracy",
-                    "accuracy_drop", "fidelity")})
-                latency = numeric_values(variant.get("latency_ms") or {})
-                values.update({f"latency_{k}_ms": v for k, v in latency.items() if k != "count"})
-                for target, result in (variant.get("targets") or {}).items():
-                    if result.get("est_latency_ms") is not None:
-                        values[f"est_latency_ms.{target}"] = float(result["est_latency_ms"])
-                    values[f"budgets_ok.{target}"] = float(bool(result.get("budgets_ok")))
-                self.client.log_batch(run_id, metrics=[Metric(_metric_key(k), v, 0, 0)
-                                                       for k, v in values.items()])
+                # a step after the stages': the table shows these (the guard's chosen
+                # trial), not the recipe's own benchmark and evaluate logged before
+                self._log(run_id, metrics=variant_metrics(variant),
+                          step=self.pipeline_steps.get(name, 0), time_ms=now)
                 if out_dir is not None and (out_dir / name).is_dir():
                     self.client.log_artifacts(run_id, str(out_dir / name), "model")
-            for target, variant in (report.get("selected") or {}).items():
-                self.client.set_tag(self.parent_run_id, f"selected.{target}", str(variant))
+            selected = {f"selected.{target}": str(variant or "none")
+                        for target, variant in (report.get("selected") or {}).items()}
+            self._log(self.parent_run_id, metrics=parent_metrics(report), tags=selected,
+                      time_ms=now)
             if out_dir is not None and (out_dir / "report.json").is_file():
                 self.client.log_artifact(self.parent_run_id, str(out_dir / "report.json"))
-        self.close(status)
+        if message.get("register") and not failed:
+            from orchestrator import registry
+
+            outcome = registry.register(self.client, self.parent_run_id, report, out_dir,
+                                        self.commit)
+        self.close("FAILED" if failed else "FINISHED")
+        return outcome
 
     def close(self, status: str) -> None:
         for run_id in self.pipeline_runs.values():
@@ -306,8 +424,10 @@ def serve(inbox: Any, outbox: Any) -> int:
             message = json.loads(line)
             op = message["op"]
             if op == "start":
-                logger = MlflowLogger(message["tracking_uri"], message["local_default"])
-                reply({"op": "started", "run_id": logger.start(message)})
+                logger = MlflowLogger(message["tracking_uri"])
+                reply({"op": "started", "run_id": logger.start(message),
+                       "run_name": logger.run_name, "experiment_id": logger.experiment_id})
+                logger.log_recipe(message)  # while the run works: nothing waits for it
             elif logger is None:
                 raise RuntimeError(f"{op!r} before 'start'")
             elif op == "node_end":
@@ -317,8 +437,7 @@ def serve(inbox: Any, outbox: Any) -> int:
             elif op == "trial":
                 logger.trial(message)
             elif op == "finish":
-                logger.finish(message)
-                reply({"op": "finished"})
+                reply({"op": "finished", "registry": logger.finish(message)})
                 return 0
             else:
                 raise RuntimeError(f"unknown op {op!r}")

@@ -21,17 +21,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import OrchestratorError
+from orchestrator.project import project_root
+from orchestrator.project import tracking_uri as project_tracking_uri
 from orchestrator.tracking import (
     PROBE_ENV,
-    default_tracking_uri,
-    flatten,
+    is_secret_key,
     numeric_values,
     redact,
+    redacted,
 )
 
 if TYPE_CHECKING:
     from orchestrator.executor import NodeOutcome
     from orchestrator.plan import Node, Plan
+    from orchestrator.recipe_models import Budgets, Target
 
 
 class TrackingError(OrchestratorError):
@@ -41,9 +44,11 @@ class TrackingError(OrchestratorError):
 class TrackingClient:
     """The MLflow hook. `start` before the flow, hooks during, `finish` after."""
 
-    def __init__(self, tracking_uri: str | None = None) -> None:
+    def __init__(self, tracking_uri: str | None = None, root: Path | None = None) -> None:
+        """`tracking_uri`, else MLFLOW_TRACKING_URI, else sqlite in `mlruns/` at `root` (the
+        recipe's project root; default: the one around the working directory)."""
         self.local_default = tracking_uri is None and not os.environ.get("MLFLOW_TRACKING_URI")
-        self.tracking_uri = tracking_uri or default_tracking_uri()
+        self.tracking_uri = tracking_uri or project_tracking_uri(root or project_root())
         self.process = subprocess.Popen(
             [sys.executable, "-m", "orchestrator.tracking"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, text=True, encoding="utf-8",
@@ -55,6 +60,9 @@ class TrackingClient:
                  PROBE_ENV: self.tracking_uri})
         self._started = False
         self._run_id: str | None = None
+        self.run_name: str | None = None  # the parent run's, once started
+        self.experiment_id: str | None = None
+        self.registry: dict[str, Any] = {}  # the Model Registry's outcome, after finish
         self._error: str | None = None  # why the worker failed, once known
         self._broken = False  # it stopped reading: what it says last tells why
         self._finished = False
@@ -101,16 +109,23 @@ class TrackingClient:
 
     # --- the hook
 
-    def start(self, plan: Plan, versions: Mapping[str, str]) -> None:
-        """Ask for the parent run and one nested run per pipeline, with params."""
+    def start(self, plan: Plan, versions: Mapping[str, str],
+              links: Mapping[str, str] | None = None, run_name: str | None = None,
+              overrides: list[str] | None = None) -> None:
+        """Ask for the parent run and one nested run per pipeline, with their params.
+
+        `links` become tags of the parent run (the Prefect flow run's id and URL);
+        `run_name` is the flow's own run name (run_names.run_name), so that both name the
+        run alike (else the worker computes it); `overrides` are the --set items."""
         self._started = True
         loaded = plan.recipe
-        params = {f"recipe.{k}": v for k, v in flatten(loaded.raw).items()}
-        params.update({f"version.{k}": v for k, v in versions.items()})
         self._send({
             "op": "start", "tracking_uri": self.tracking_uri,
-            "local_default": self.local_default, "recipe_name": loaded.recipe.name,
-            "recipe_path": str(loaded.path), "params": params,
+            "recipe_name": loaded.recipe.name, "recipe_path": str(loaded.path),
+            "description": loaded.recipe.description, "run_name": run_name,
+            "params": run_params(plan, versions, overrides),
+            "recipe_yaml": recipe_yaml(loaded.raw, loaded.path, overrides),
+            "links": {k: redact(str(v)) for k, v in (links or {}).items()},
             "pipelines": [{"name": name, "from": loaded.recipe.pipelines[name].from_ or "model",
                            "stages": ", ".join(n.stage for n in nodes)}
                           for name, nodes in plan.pipelines.items()]})
@@ -119,7 +134,9 @@ class TrackingClient:
     def run_id(self) -> str:
         """The parent run's id (waits for the worker, the first time)."""
         if self._run_id is None:
-            self._run_id = self._expect("started")["run_id"]
+            started = self._expect("started")
+            self.run_name, self.experiment_id = started["run_name"], started["experiment_id"]
+            self._run_id = started["run_id"]
         return self._run_id
 
     def on_node_end(self, outcome: NodeOutcome) -> None:
@@ -138,22 +155,27 @@ class TrackingClient:
         self._send({"op": "trial", "pipeline": pipeline, "trial": dict(trial)})
 
     def finish(self, report: Mapping[str, Any] | None, out_dir: Path | None,
-               recipe_path: Path, failed: bool = False) -> None:
-        """Log variant metrics, models, the recipe and report.json; close the runs; wait
-        for the worker to be done. Once only: later calls repeat its outcome."""
+               recipe_path: Path, failed: bool = False, register: bool = False
+               ) -> dict[str, Any]:
+        """Log variant metrics, models and report.json; with `register`, register the
+        selection in the Model Registry when every target has a variant; close the runs;
+        wait for the worker to be done. Returns the registry's outcome:
+        {"registered": {"name", "version", "alias"}}, {"refused": why}, or {} when not asked.
+        Once only: later calls repeat its outcome."""
         if self._closed:
             if self._error is not None:
                 raise self._failure()
-            return
+            return self.registry
         try:
             self._send({"op": "finish", "report": report, "recipe_path": str(recipe_path),
                         "out_dir": None if out_dir is None else str(out_dir),
-                        "failed": failed})
+                        "failed": failed, "register": register})
             self.run_id  # noqa: B018  (its reply comes first)
-            self._expect("finished")
+            self.registry = self._expect("finished").get("registry") or {}
             self._finished = True
         finally:
             self.close()
+        return self.registry
 
     def close(self) -> None:
         """Let the worker go: after `finish` it is done; before it, the end of its input
@@ -178,3 +200,73 @@ class TrackingClient:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+
+# --- what the parent run records of the recipe
+
+
+def _budgets(budgets: Budgets) -> str:
+    set_ = budgets.model_dump(exclude_none=True)
+    return ", ".join(f"{k}={v:g}" for k, v in set_.items()) or "none"
+
+
+def _device(target: Target) -> str:
+    return target.device if isinstance(target.device, str) else f"{target.device.name} (inline)"
+
+
+def run_params(plan: Plan, versions: Mapping[str, str],
+               overrides: list[str] | None = None) -> dict[str, str]:
+    """The parent run's params: a chosen few that tell runs apart (the recipe, its model,
+    data, targets and budgets, the pipelines' stages, versions), a dozen or two rather than
+    every field of the recipe: the whole recipe is an artifact (recipe/recipe.yaml)."""
+    loaded = plan.recipe
+    recipe = loaded.recipe
+    params = {"recipe.name": recipe.name, "recipe.path": str(loaded.path),
+              "model.path": recipe.model.path, "model.format": recipe.model.format}
+    for role in ("representative", "evaluation"):
+        source = getattr(recipe.data, role)
+        if source is None:
+            continue
+        details = [source.array or source.inputs, source.labels and f"labels {source.labels}",
+                   source.samples and f"{source.samples} samples",
+                   plan.fingerprints.get(role) and f"fingerprint {plan.fingerprints[role][:12]}"]
+        params[f"data.{role}"] = source.source + (
+            f" ({', '.join(d for d in details if d)})" if any(details) else "")
+    params["targets"] = ", ".join(t.name for t in recipe.targets) or "none"
+    for target in recipe.targets:
+        params[f"target.{target.name}"] = f"{_device(target)}: {_budgets(target.budgets)}"
+    params["pipelines"] = ", ".join(plan.pipelines)
+    for name, nodes in plan.pipelines.items():
+        parent = recipe.pipelines[name].from_
+        params[f"pipeline.{name}"] = (f"from {parent}: " if parent else "") + ", ".join(
+            n.stage for n in nodes)
+    if recipe.tune is not None:
+        params["tune"] = (f"enabled={recipe.tune.enabled}, max_trials={recipe.tune.max_trials}, "
+                          f"percentiles={'/'.join(f'{p:g}' for p in recipe.tune.percentiles)}")
+    if recipe.retrain is not None:
+        params["retrain"] = recipe.retrain.callable
+    if recipe.schedule is not None:
+        params["schedule"] = f"{recipe.schedule.cron} ({recipe.schedule.timezone})"
+    params["register"] = str(recipe.register_candidate).lower()
+    if overrides:
+        params["overrides"] = "; ".join(_redacted_override(o) for o in overrides)
+    params.update({f"version.{k}": v for k, v in versions.items()})
+    return {k: redact(str(v)) for k, v in params.items()}
+
+
+def _redacted_override(item: str) -> str:
+    key, sep, value = item.partition("=")
+    secret = any(is_secret_key(part) for part in key.split("."))
+    return f"{key}{sep}***" if secret and sep else item
+
+
+def recipe_yaml(raw: Mapping[str, Any], path: Path, overrides: list[str] | None = None) -> str:
+    """The recipe as loaded (--set overrides applied), secret-looking values redacted."""
+    import yaml
+
+    header = [f"# {path}, as loaded", "# secret-looking values are replaced by ***"]
+    if overrides:
+        header.insert(1, "# with --set " + " --set ".join(_redacted_override(o)
+                                                         for o in overrides))
+    body = yaml.safe_dump(redacted(dict(raw)), sort_keys=False, allow_unicode=True)
+    return "\n".join(header) + "\n" + body

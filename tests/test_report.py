@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from orchestrator.budgets import MB, check_budgets
 from orchestrator.devices import resolve_device
 from orchestrator.recipe_models import Budgets
-from orchestrator.report import MB, check_budgets, select
+from orchestrator.report import select
 
 
 def variant(size: int, est: float | None, ok: bool = True) -> dict:

@@ -1,8 +1,33 @@
-"""Tracking helpers: flattened params, secrets never logged."""
+"""Tracking: run names, the chosen params and metrics, secrets never logged, and a run
+in a real MLflow store as a person reads it."""
 
 from __future__ import annotations
 
-from orchestrator.tracking import flatten
+import json
+import re
+import subprocess
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import yaml
+from registry_helpers import report, write_outputs, write_project
+
+from orchestrator.executor import NodeOutcome
+from orchestrator.plan import build_plan
+from orchestrator.project import local_tracking_folder
+from orchestrator.recipe import load_recipe
+from orchestrator.run_names import git_commit, run_name, short_commit
+from orchestrator.tracking import (
+    artifact_root,
+    experiment_url,
+    flatten,
+    parent_metrics,
+    redacted,
+    run_url,
+    variant_metrics,
+)
+from orchestrator.tracking_client import TrackingClient, recipe_yaml, run_params
 
 
 def test_flatten_nests_dicts_and_lists() -> None:
@@ -35,3 +60,187 @@ def test_token_only_url_credentials_are_redacted() -> None:
     assert redact("https://:tok3n@host/x") == "https://***@host/x"
     assert redact("postgresql://u:p@db:5432/prefect") == "postgresql://***@db:5432/prefect"
     assert redact("https://host:8080/x") == "https://host:8080/x"
+
+
+# --- run names
+
+
+def _git(folder: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(folder), "-c", "user.name=t", "-c", "user.email=t@t",
+                    *args], check=True, capture_output=True)
+
+
+def test_run_name_is_the_recipes_short_commit_or_a_utc_timestamp(tmp_path: Path) -> None:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: r\n")
+    before = datetime.now(UTC).replace(microsecond=0)
+    outside = run_name("digits", recipe)  # not in git
+    stamp = datetime.strptime(outside.removeprefix("digits@"), "%Y%m%d-%H%M%S")
+    assert before <= stamp.replace(tzinfo=UTC) <= datetime.now(UTC)
+    _git(tmp_path, "init", "-q")
+    assert run_name("digits", recipe).startswith("digits@2")  # untracked: still no commit
+    _git(tmp_path, "add", "r.yaml")
+    _git(tmp_path, "commit", "-qm", "recipe")
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], text=True,
+                          capture_output=True, check=True).stdout.strip()
+    assert git_commit(recipe) == head
+    assert run_name("digits", recipe) == f"digits@{head[:7]}"
+    recipe.write_text("name: r2\n")
+    assert run_name("digits", recipe) == f"digits@{head[:7]}-dirty"
+    assert short_commit(f"{head}-dirty") == f"{head[:7]}-dirty"
+    assert run_name("digits", recipe, commit="0123456789") == "digits@0123456"
+
+
+# --- what a run records: chosen params, the recipe artifact, metrics
+
+
+def test_params_are_a_chosen_few_and_the_recipe_is_an_artifact(tmp_path: Path,
+                                                               digits_example: Path) -> None:
+    recipe = write_project(tmp_path, digits_example)
+    overrides = ["targets.0.budgets.max_size_mb=0.5", "retrain.params.api_token=0verr1de"]
+    loaded = load_recipe(recipe, overrides)
+    plan = build_plan(loaded, None, {"representative": "ab" * 32, "evaluation": "cd" * 32})
+    params = run_params(plan, {"orchestrator": "0.1.0", "mlflow": "3.17.2"}, overrides)
+    assert 12 <= len(params) <= 30
+    assert params["recipe.name"] == "digits-test"
+    assert params["target.phone"] == (
+        "phone-2016: max_size_mb=0.5, max_accuracy_drop=0.01, max_latency_ms=50")
+    assert params["pipeline.int8"] == ("from fp32: quantize_nodes, log_ranges, freeze_ranges, "
+                                       "benchmark, evaluate")
+    assert params["data.representative"].endswith(
+        "data.npz (x_calib, 200 samples, fingerprint abababababab)")
+    assert params["retrain"] == "trainer:train" and params["register"] == "true"
+    assert params["overrides"] == ("targets.0.budgets.max_size_mb=0.5; "
+                                   "retrain.params.api_token=***")
+    assert params["version.mlflow"] == "3.17.2"
+    assert not any(secret in json.dumps(params) for secret in ("s3cr3t", "0verr1de"))
+
+    text = recipe_yaml(loaded.raw, loaded.path, overrides)
+    assert "s3cr3t" not in text and "0verr1de" not in text
+    assert "# with --set targets.0.budgets.max_size_mb=0.5 --set " in text
+    as_loaded = yaml.safe_load(text)
+    assert as_loaded["targets"][0]["budgets"]["max_size_mb"] == 0.5
+    assert as_loaded["retrain"]["params"] == {"seed": 7, "api_token": "***"}
+    assert as_loaded["pipelines"]["int8"]["from"] == "fp32"
+
+
+def test_redacted_keeps_key_references_and_hides_secrets() -> None:
+    data = {"encrypt": {"key_env": "MODEL_KEY", "key_file": "k.bin", "key": "raw"},
+            "password": "p", "url": "https://u:pw@host/x", "list": [{"token": "t"}]}
+    assert redacted(data) == {"encrypt": {"key_env": "MODEL_KEY", "key_file": "k.bin",
+                                          "key": "***"},
+                              "password": "***", "url": "https://***@host/x",
+                              "list": [{"token": "***"}]}
+
+
+def test_metrics_per_pipeline_and_prefixed_on_the_parent() -> None:
+    run_report = report()
+    int8 = variant_metrics(run_report["variants"]["int8"])
+    assert int8["size_bytes"] == 283539 and int8["latency_p50_ms"] == 2.06
+    assert int8["est_latency_ms.phone"] == 0.0296 and int8["budgets_ok.phone"] == 1.0
+    assert int8["seconds"] == pytest.approx(0.76)
+    parent = parent_metrics(run_report)
+    assert parent["int8.size_bytes"] == 283539 and parent["fp32.accuracy"] == 0.9933
+    assert parent["int8.latency_p50_ms"] == 2.06 and parent["fp32.est_latency_ms.pi"] == 0.2275
+    assert len(parent) == 2 * (6 + 2)
+
+
+def test_tracking_defaults_to_the_project_root(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "project"
+    assert local_tracking_folder(None, root) == root / "mlruns"
+    assert artifact_root(f"sqlite:///{root / 'mlruns' / 'mlflow.db'}") == (
+        root / "mlruns" / "artifacts").as_uri()
+    assert artifact_root("http://tracking:5000") is None
+    assert experiment_url("http://127.0.0.1:5000/", "3") == (
+        "http://127.0.0.1:5000/#/experiments/3?workflowType=machine_learning")
+    assert run_url("http://127.0.0.1:5000", "3", "ab12") == (
+        "http://127.0.0.1:5000/#/experiments/3/runs/ab12?workflowType=machine_learning")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'elsewhere' / 'm.db'}")
+    assert local_tracking_folder(None, root) == tmp_path / "elsewhere"
+
+
+# --- the worker, on a real MLflow store
+
+
+def test_an_mlflow_run_a_person_can_read(tmp_path: Path, digits_example: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)  # not the project: nothing may land here
+    root = tmp_path / "project"
+    recipe = write_project(root, digits_example)
+    mlruns = root / "mlruns"
+    mlruns.mkdir()
+    store = MlflowClient(f"sqlite:///{mlruns / 'mlflow.db'}")
+    # an experiment from before: created without the kind tag
+    store.create_experiment("digits-test", artifact_location=(mlruns / "artifacts").as_uri())
+
+    loaded = load_recipe(recipe, ["targets.0.budgets.max_size_mb=0.5"])
+    plan = build_plan(loaded, None, {"representative": "ab" * 32})
+    client = TrackingClient(root=root)
+    links = {"prefect.flow_run_id": "f-123", "prefect.flow_run_url": "http://x:4200/runs/f-123"}
+    client.start(plan, {"orchestrator": "test"}, links=links,
+                 overrides=["targets.0.budgets.max_size_mb=0.5"])
+    stage_metrics = {"quantize_nodes": {"quantized_ops": 12.0},
+                     "benchmark": {"latency_p50_ms": 2.0, "flops": 1138364.0},
+                     "evaluate": {"accuracy": 0.99, "fidelity": 1.0}}
+    for node in plan.nodes:
+        client.on_node_end(NodeOutcome(node, False, 0.01,
+                                       metrics=stage_metrics.get(node.stage, {})))
+    client.log_trial("int8", {"trial": 1, "settings": {"exclude_ops": ["MatMul"],
+                                                       "percentile": 1.0},
+                              "violations": ["accuracy drop 0.02 > 0.01"],
+                              "metrics": {"accuracy": 0.97, "accuracy_drop": 0.02}})
+    out = tmp_path / "out"
+    written = write_outputs(out, {**report(), "mlflow_run_id": client.run_id})
+    assert client.finish(written, out, recipe) == {}
+    assert sorted(tmp_path.iterdir()) == [out, root]  # nothing in the working directory
+
+    experiment = store.get_experiment_by_name("digits-test")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert experiment.tags["mlflow.note.content"].startswith("The digits CNN")
+    parent = store.get_run(client.run_id)
+    assert parent.info.run_name == client.run_name
+    assert re.fullmatch(r"digits-test@\d{8}-\d{6}", parent.info.run_name)  # not in git
+    assert parent.info.artifact_uri.startswith((mlruns / "artifacts").as_uri())
+    tags = parent.data.tags
+    assert tags["mlflow.note.content"] == loaded.recipe.description
+    assert tags["prefect.flow_run_url"] == "http://x:4200/runs/f-123"
+    assert tags["selected.phone"] == "int8" and tags["selected.pi"] == "int8"
+    assert len(parent.data.params) <= 30
+    assert parent.data.params["recipe.git_commit"] == "none"
+    assert not any(k.startswith("recipe.pipelines.") for k in parent.data.params)
+    assert set(parent.data.metrics) == set(parent_metrics(written))
+    assert parent.data.metrics["int8.size_bytes"] == 283539
+
+    children = store.search_runs([experiment.experiment_id],
+                                 f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    by_name = {run.info.run_name: run for run in children}
+    assert set(by_name) == {"fp32", "int8"}
+    int8 = by_name["int8"].data
+    assert int8.params == {"pipeline": "int8", "from": "fp32", "stages": (
+        "quantize_nodes, log_ranges, freeze_ranges, benchmark, evaluate")}
+    assert int8.metrics["quantize_nodes.quantized_ops"] == 12.0  # a stage's own figure
+    assert int8.metrics["size_bytes"] == 283539 and int8.metrics["latency_p50_ms"] == 2.06
+    assert "benchmark.latency_p50_ms" not in int8.metrics  # measured: the pipeline's own
+    (trial,) = store.search_runs([experiment.experiment_id],
+                                 f"tags.mlflow.parentRunId = '{by_name['int8'].info.run_id}'")
+    assert trial.info.run_name == "int8.trial-1"
+    assert trial.data.params == {"guard.exclude_ops": '["MatMul"]', "guard.percentile": "1.0"}
+    assert trial.data.tags["violations"] == "accuracy drop 0.02 > 0.01"
+    assert {a.path for a in store.list_artifacts(by_name["int8"].info.run_id, "model")} == {
+        "model/model.pb", "model/signature.json", "model/ops"}
+
+    assert {a.path for a in store.list_artifacts(parent.info.run_id)} == {
+        "recipe", "report.json"}
+    local = Path(store.download_artifacts(parent.info.run_id, "recipe/recipe.yaml",
+                                          str(tmp_path / "dl")))
+    text = local.read_text()
+    assert "s3cr3t" not in text
+    assert yaml.safe_load(text)["targets"][0]["budgets"]["max_size_mb"] == 0.5
+    for run in [parent, *children, trial]:
+        assert "s3cr3t" not in json.dumps([run.data.params, run.data.tags])

@@ -65,7 +65,8 @@ class Params(StageParams):
         "after a BiasAdd, and the per-channel Add that follows a fold (into a BiasAdd).")
 
 
-WEIGHT_OPS = frozenset({"Conv2D", "DepthwiseConv2dNative", "MatMul"})
+# The ops a batch norm after them folds into (their weights are scaled per channel).
+BN_FOLD_OPS = frozenset({"Conv2D", "DepthwiseConv2dNative", "MatMul"})
 FUSED_BATCH_NORMS = frozenset({"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"})
 BATCH_NORM_OPS = FUSED_BATCH_NORMS | {"BatchNormWithGlobalNormalization"}
 ADD_OPS = frozenset({"Add", "AddV2", "Sub"})
@@ -154,7 +155,7 @@ def find_target(index: GraphIndex, input_name: str) -> Target | None:
     while node is not None and (node is bias_add or node.op in PASS_THROUGH_OPS):
         chain.append(node)
         node = index.producer(data_inputs(node)[0])
-    if node is None or node.op not in WEIGHT_OPS or not _is_nhwc(node):
+    if node is None or node.op not in BN_FOLD_OPS or not _is_nhwc(node):
         return None
     weights = index.const_input(data_inputs(node)[1])
     if weights is None or weights.dtype.type not in FLOAT_DTYPES:
@@ -341,7 +342,7 @@ def count_batch_norm_sites(graph_def: GraphDef) -> int:
             count += 1
         elif node.op == "Mul" and (split := _split_const(index, node)) is not None:
             producer = index.producer(split[0])
-            count += int(producer is not None and producer.op in WEIGHT_OPS)
+            count += int(producer is not None and producer.op in BN_FOLD_OPS)
     return count
 
 

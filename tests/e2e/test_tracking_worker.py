@@ -4,6 +4,7 @@ errors, and runs that fail or die are marked FAILED in MLflow."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 from pathlib import Path
 
@@ -58,10 +59,12 @@ def test_failed_stage_marks_the_mlflow_runs_failed(
     client = mlflow_client(workspace)
     experiment = client.get_experiment_by_name("fails")
     runs = {run.info.run_name: run for run in client.search_runs([experiment.experiment_id])}
-    assert set(runs) == {"fails", "fp32"}
+    (parent,) = (name for name in runs if name != "fp32")
+    assert re.fullmatch(r"fails@\d{8}-\d{6}", parent)  # <recipe>@<UTC time>: not in git
+    assert set(runs) == {parent, "fp32"}
     assert {run.info.status for run in runs.values()} == {"FAILED"}
     assert runs["fp32"].data.tags["orchestrator.failed_stage"] == "fp32/1:transform"
-    assert runs["fp32"].data.metrics["seconds.freeze"] >= 0  # logged before the failure
+    assert runs[parent].data.params["pipeline.fp32"] == "freeze, transform"
 
 
 def small_plan(digits_example: Path, workspace: Path):  # noqa: ANN201

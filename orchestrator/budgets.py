@@ -1,0 +1,61 @@
+"""A target's budgets checked against a variant's measurements: one home for the report's
+gates, the accuracy guard and `promote`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+MB = 1024 * 1024  # budgets are in MiB: what phones and their app stores report
+
+
+def quality_violations(accuracy_drop: float | None, fidelity: float | None, budgets: Any
+                       ) -> list[str]:
+    """Readable violations of the accuracy and fidelity budgets alone (the accuracy guard
+    searches until these hold)."""
+    violations = []
+    if budgets.max_accuracy_drop is not None:
+        if accuracy_drop is None:
+            violations.append("accuracy_drop not measured: add evaluate (with labelled "
+                              "data) to the pipeline")
+        elif accuracy_drop > budgets.max_accuracy_drop:
+            violations.append(f"accuracy drop {accuracy_drop:.4f} > max_accuracy_drop "
+                              f"{budgets.max_accuracy_drop}")
+    if budgets.min_fidelity is not None:
+        if fidelity is None:
+            violations.append("fidelity not measured: add evaluate to the pipeline")
+        elif fidelity < budgets.min_fidelity:
+            violations.append(f"fidelity {fidelity:.4f} < min_fidelity {budgets.min_fidelity}")
+    return violations
+
+
+def check_budgets(variant: Mapping[str, Any], budgets: Any, est_latency_ms: float | None,
+                  device: Any = None) -> list[str]:
+    """Readable violations of one target's budgets, and of the device's own RAM limit
+    (empty when all are met)."""
+    violations: list[str] = []
+    if device is not None and variant["ram_bytes"] / MB > device.ram_limit_mb:
+        violations.append(f"RAM {variant['ram_bytes'] / MB:.2f} MB ({variant['ram_source']}) > "
+                          f"the device's limit of {device.ram_limit_mb:g} MB")
+
+    def measured(value: Any, what: str, how: str) -> bool:
+        if value is None:
+            violations.append(f"{what} not measured: add {how} to the pipeline")
+            return False
+        return True
+
+    if budgets.max_size_mb is not None:
+        size_mb = variant["size_bytes"] / MB
+        if size_mb > budgets.max_size_mb:
+            violations.append(f"size {size_mb:.3f} MB > max_size_mb {budgets.max_size_mb}")
+    violations += quality_violations(variant.get("accuracy_drop"), variant.get("fidelity"),
+                                     budgets)
+    if budgets.max_latency_ms is not None and measured(est_latency_ms, "latency", "benchmark"):
+        if est_latency_ms > budgets.max_latency_ms:  # type: ignore[operator]
+            violations.append(f"estimated latency {est_latency_ms:.3f} ms > max_latency_ms "
+                              f"{budgets.max_latency_ms}")
+    if budgets.max_ram_mb is not None:
+        ram_mb = variant["ram_bytes"] / MB
+        if ram_mb > budgets.max_ram_mb:
+            violations.append(f"RAM {ram_mb:.2f} MB > max_ram_mb {budgets.max_ram_mb}")
+    return violations

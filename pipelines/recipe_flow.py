@@ -1,0 +1,278 @@
+"""`recipe_flow`: a whole recipe run as one Prefect flow, read top to bottom like a recipe.
+
+    validate -> retrain (optional) -> open the session: model and data checked
+    -> each pipeline's stages, parents first, one task each -> the accuracy guard
+    -> report.json and the models -> MLflow, and the registry when the gates pass
+
+`orchestrator run`, a deployment, a schedule and `orchestrator serve` all run this same
+flow. Its tasks receive a node (which names its store keys) and a RunRef, and return small
+results: a worker in any process that shares the store can run any of them.
+
+Cache keys are ours (orchestrator/plan.py), so Prefect's own caching is off everywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any
+
+from orchestrator.prefect_setup import configure_prefect_defaults
+
+configure_prefect_defaults()  # before Prefect reads its settings
+
+from prefect import flow, task  # noqa: E402
+from prefect.cache_policies import NO_CACHE  # noqa: E402
+
+from orchestrator.errors import OrchestratorError  # noqa: E402
+from orchestrator.executor import NodeOutcome, execute_node  # noqa: E402
+from orchestrator.plan import Node  # noqa: E402
+from orchestrator.session import RunRef, close_session, open_session  # noqa: E402
+
+log = logging.getLogger("orchestrator")
+
+# Observers of the run in this process (the CLI's progress display): methods
+# on_node_start(node), on_node_end(outcome), on_node_error(node, error), all optional.
+_observers: ContextVar[tuple[Any, ...]] = ContextVar("orchestrator_observers", default=())
+
+
+@contextmanager
+def observed_by(*observers: Any) -> Iterator[None]:
+    """Let `observers` watch the flows this thread runs inside the block."""
+    token = _observers.set((*_observers.get(), *observers))
+    try:
+        yield
+    finally:
+        _observers.reset(token)
+
+
+def _notify(hooks: Sequence[Any], method: str, *args: Any) -> None:
+    for hook in hooks:
+        fn = getattr(hook, method, None)
+        if fn is not None:
+            fn(*args)
+
+
+def flow_run_name() -> str:
+    """`<recipe>@<short commit>` like the MLflow parent run; the file name if the recipe
+    cannot be read (the flow then fails with the recipe's own error)."""
+    from prefect.runtime import flow_run
+
+    from orchestrator.recipe import load_recipe
+    from orchestrator.run_names import run_name
+
+    parameters = flow_run.parameters
+    try:
+        loaded = load_recipe(parameters["recipe"], parameters.get("overrides") or [])
+    except OrchestratorError:
+        return Path(str(parameters.get("recipe", "recipe"))).stem
+    return run_name(loaded.recipe.name, loaded.path)
+
+
+@task(name="retrain", cache_policy=NO_CACHE, persist_result=False)
+def retrain_task(recipe: str, overrides: list[str], store: str) -> str:
+    """The recipe's training function; the new model's path."""
+    from orchestrator.recipe import load_recipe
+    from orchestrator.retrain import retrain
+
+    return str(retrain(load_recipe(recipe, overrides), Path(store)))
+
+
+@task(name="stage", cache_policy=NO_CACHE, persist_result=False)
+def stage_task(node: Node, ref: RunRef) -> NodeOutcome:
+    """One stage: its input model from the store by key, its result to the store."""
+    outcome = execute_node(node, open_session(ref).data, use_cache=ref.use_cache)
+    _log_outcome(outcome)
+    return outcome
+
+
+# The console shows these through the progress display already: Prefect's logs only.
+NOT_ON_CONSOLE = {"console": False}
+
+
+def _log_outcome(outcome: NodeOutcome) -> None:
+    """The stage's lines in the task run's logs (the Prefect UI)."""
+    stage_log = logging.getLogger(f"orchestrator.stage.{outcome.node.stage}")
+    metrics = ", ".join(f"{k} {v:.4g}" for k, v in sorted(outcome.metrics.items())
+                        if isinstance(v, int | float))
+    stage_log.info("%s: %s %.3f s%s", outcome.node.id,
+                   "cached result, computed in" if outcome.cached else "ran in",
+                   outcome.seconds, f"; {metrics}" if metrics else "")
+    for warning in outcome.warnings:
+        stage_log.warning("%s: %s", outcome.node.id, warning, extra=NOT_ON_CONSOLE)
+
+
+def _task_run_name(node: Node) -> str:
+    return f"{node.pipeline}.{node.stage}" + (
+        "" if node.trial is None else f" (guard trial {node.trial})")
+
+
+@flow(name="orchestrator-recipe", flow_run_name=flow_run_name, persist_result=False,
+      log_prints=False, validate_parameters=True)
+def recipe_flow(recipe: str, overrides: list[str] | None = None,
+                variants: list[str] | None = None, no_cache: bool = False,
+                output: str | None = None) -> dict[str, Any]:
+    """Run the recipe at `recipe` (with `--set` style `overrides`) and return its report.
+
+    Raises OrchestratorError subclasses: exit 2 for bad input (before anything is written),
+    3 for a failing stage (outputs of the failed run removed). `output` defaults to
+    out/<recipe name> under the recipe's project root."""
+    from orchestrator import project
+    from orchestrator.guard import apply_guard
+    from orchestrator.recipe import load_recipe
+    from orchestrator.report import build_report, discard_outputs, write_outputs
+    from orchestrator.tracking_client import TrackingClient, TrackingError
+
+    overrides = list(overrides or [])
+    loaded = load_recipe(recipe, overrides)
+    root = project.project_root(loaded.path)
+    store_root = project.store_dir(root)
+    out_dir = project.output_dir(root, loaded.recipe.name, output)
+    project.check_folders(out_dir, store_root, root)
+    # first: the tracking worker imports MLflow on the other core while the model loads
+    tracker = TrackingClient(root=root)
+    api_logs = _ApiLogs()
+    try:
+        if loaded.recipe.retrain is not None:
+            model_path = retrain_task(str(loaded.path), overrides, str(store_root))
+            overrides = [*overrides, f"model.path={model_path}"]
+            loaded = load_recipe(loaded.path, overrides)
+        ref = RunRef(recipe=str(loaded.path), overrides=tuple(overrides),
+                     variants=tuple(variants) if variants else None, store=str(store_root),
+                     use_cache=not no_cache)
+        session = open_session(ref, loaded)  # exit 2 here: nothing run, nothing written
+    except BaseException:
+        tracker.close()  # before `start`: it ends without creating any MLflow run
+        api_logs.close()
+        raise
+    plan, hooks = session.plan, [*_observers.get(), tracker]
+
+    def run_node(node: Node) -> NodeOutcome:
+        _notify(hooks, "on_node_start", node)
+        try:
+            outcome = stage_task.with_options(task_run_name=_task_run_name(node))(node, ref)
+        except BaseException as exc:
+            _notify(hooks, "on_node_error", node, exc)
+            raise
+        _notify(hooks, "on_node_end", outcome)
+        return outcome
+
+    try:
+        from prefect.runtime import flow_run
+
+        tracker.start(plan, _versions(), links=_prefect_links(), run_name=flow_run.name,
+                      overrides=overrides)
+        tracker.check()  # a tracking URI that fails fails before the stages, when it can
+        outcomes: dict[str, NodeOutcome] = {}
+        trials: dict[str, list[dict[str, Any]]] = {}
+        # Nodes run one at a time, parents first: TF already uses every core.
+        for name in plan.pipelines:
+            plan.replan(name)  # its `from:` parent may end elsewhere after the guard
+            for node in plan.pipelines[name]:
+                outcomes[node.id] = run_node(node)
+            guarded = apply_guard(name, plan, session.data, outcomes, run_node,
+                                  on_trial=tracker.log_trial)
+            if guarded is not None:
+                plan.pipelines[name] = guarded.nodes
+                outcomes.update(guarded.outcomes)
+                trials[name] = guarded.trials
+        report = build_report(plan, session.data, outcomes, session.devices,
+                              list(variants or loaded.recipe.pipelines), tracker.run_id)
+        for name, table in trials.items():
+            if name in report["variants"]:
+                report["variants"][name]["trials"] = table
+        write_outputs(out_dir, plan, session.data, outcomes, report)
+        registry = tracker.finish(report, out_dir, loaded.path,
+                                  register=loaded.recipe.register_candidate)
+    except BaseException as exc:
+        # first: a report from an earlier run must not pass for this failed one (CI gates
+        # read it), even if recording the failure is interrupted too
+        discard_outputs(out_dir)
+        try:
+            tracker.finish(None, None, loaded.path, failed=True)
+        except Exception as tracking_exc:  # noqa: BLE001  (the run's own error is reported)
+            if not isinstance(exc, TrackingError):  # else it is that same failure
+                log.warning("MLflow could not record the failed run either: %s", tracking_exc)
+        raise
+    finally:
+        close_session(ref)
+        api_logs.close()
+    _link_mlflow_run(report, root)
+    return {**report, "out_dir": str(out_dir), "registry": registry, "locations": {
+        "store": str(store_root), "tracking": project.tracking_uri(root),
+        "project_root": str(root)}}
+
+
+class _ApiLogs:
+    """Our log lines (stages, guard, warnings) in the Prefect run's logs, for this run."""
+
+    def __init__(self) -> None:
+        from prefect.logging.handlers import APILogHandler
+
+        self.logger = logging.getLogger("orchestrator")
+        self.handler = APILogHandler(level=logging.INFO)
+        self.previous_level = self.logger.level
+        self.logger.addHandler(self.handler)
+        self.logger.setLevel(logging.INFO)  # the console handler still shows warnings only
+
+    def close(self) -> None:
+        if self.handler in self.logger.handlers:
+            self.logger.removeHandler(self.handler)
+            self.logger.setLevel(self.previous_level)
+
+
+def _prefect_links() -> dict[str, str]:
+    """The flow run's id and UI page, as tags for the MLflow parent run."""
+    from prefect.runtime import flow_run
+
+    links = {"prefect.flow_run_id": str(flow_run.id), "prefect.flow_run_name": flow_run.name}
+    if flow_run.ui_url:
+        links["prefect.flow_run_url"] = flow_run.ui_url
+    return links
+
+
+def _link_mlflow_run(report: dict[str, Any], root: Path) -> None:
+    """A Markdown artifact on the flow run: the MLflow run and how to open it."""
+    from prefect.artifacts import create_markdown_artifact
+
+    selected = ", ".join(f"{t}: {v or 'none within budgets'}"
+                         for t, v in report["selected"].items()) or "no targets"
+    create_markdown_artifact(
+        key="mlflow-run", description="The MLflow run of this flow run",
+        markdown=f"MLflow run `{report['mlflow_run_id']}` in experiment "
+                 f"`{report['recipe']}`.\n\nSelected: {selected}.\n\nOpen the dashboards: "
+                 f"`orchestrator ui {report.get('recipe_path', '')}` (project {root}).")
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for package in ("orchestrator", "tensorflow-cpu", "prefect", "mlflow"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = "not installed"
+    return found
+
+
+def run(recipe: str, *, heartbeats: bool = True, **parameters: Any) -> dict[str, Any]:
+    """Call the flow in this process. `heartbeats=False` for our own local server: it runs
+    no background services, so nothing there reads them, and stopping their thread at the
+    end of the flow costs up to 1 s."""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    # A failing stage is reported once, by the CLI, naming pipeline and stage; Prefect's run
+    # loggers would print its traceback to the console too. The failure still reaches the
+    # Prefect API as the task's Failed state with its message.
+    for name in ("prefect.task_runs", "prefect.flow_runs", "prefect.task_engine",
+                 "prefect.flow_engine"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    if heartbeats:
+        return recipe_flow(recipe, **parameters)
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        return recipe_flow(recipe, **parameters)
+
