@@ -63,7 +63,8 @@ def idle_seconds() -> float:
     return value
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -94,7 +95,8 @@ def ui_url(api_url: str) -> str:
     return api_url.rstrip("/").removesuffix("/api") + "/"
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether `pid` runs (not a zombie, not someone else's process that reused it)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -177,7 +179,7 @@ class LocksUnavailable(OSError):
 
 def _is_our_daemon(pid: int, port: int) -> bool:
     """pid is alive and is a prefect_daemon on `port` (not a process that reused the pid)."""
-    if not _pid_alive(pid):
+    if not pid_alive(pid):
         return False
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -215,7 +217,7 @@ class LocalServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if (self.process.poll() is not None if self.process is not None
-                    else not _pid_alive(self.pid)):
+                    else not pid_alive(self.pid)):
                 raise self._error("exited")
             if _answers(f"{self.api_url}/health"):
                 return
@@ -254,7 +256,7 @@ class LocalServer:
 
 def _spawn(home: Path, idle_s: float, log: IO[bytes],
            port: int | None = None) -> tuple[subprocess.Popen[bytes], int]:
-    port = port or _free_port()
+    port = port or free_port()
     # Prefect's classic UI unless the user asks for the new one: the new one (v2) asks an
     # analytics host for its config at every page load, whatever
     # PREFECT_SERVER_ANALYTICS_ENABLED says, and these machines have no internet
@@ -401,8 +403,8 @@ def stop_server(home: Path, force: bool = False, timeout: float = 30.0) -> dict[
     except ProcessLookupError:
         return found  # it had just stopped by itself
     deadline = time.monotonic() + timeout
-    while _pid_alive(pid) and time.monotonic() < deadline:
+    while pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    if _pid_alive(pid):
+    if pid_alive(pid):
         os.kill(pid, signal.SIGKILL)
     return found

@@ -205,11 +205,11 @@ def _check_port(port: int | None, option: str) -> None:
 
 
 def _pick_mlflow_port(requested: int | None) -> int:
-    from orchestrator.prefect_server import _free_port, port_is_free
+    from orchestrator.prefect_server import free_port, port_is_free
 
     if requested is not None:
         return requested  # checked to be free up front
-    return MLFLOW_DEFAULT_PORT if port_is_free(MLFLOW_DEFAULT_PORT) else _free_port()
+    return MLFLOW_DEFAULT_PORT if port_is_free(MLFLOW_DEFAULT_PORT) else free_port()
 
 
 @dataclass
@@ -348,6 +348,8 @@ def _prefect_lines(dashboards: Dashboards, own: str | None, port: int | None) ->
 
 def _serve(dashboards: Dashboards) -> int:
     """Until a signal: watch that the MLflow UI keeps running."""
+    from orchestrator.prefect_server import pid_alive
+
     warned = False
     while True:
         time.sleep(0.5)
@@ -357,16 +359,10 @@ def _serve(dashboards: Dashboards) -> int:
             dashboards.mlflow = None
             raise UiError(f"the MLflow UI exited:\n{tail}")
         server = dashboards.prefect
-        if server is not None and not warned and not _pid_alive(server.pid):
+        if server is not None and not warned and not pid_alive(server.pid):
             warned = True
             print("warning: the Prefect server stopped (orchestrator server stop?); the next "
                   "run starts a new one", file=sys.stderr, flush=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    from orchestrator.prefect_server import _pid_alive as alive
-
-    return alive(pid)
 
 
 def add_parsers(sub: Any) -> None:

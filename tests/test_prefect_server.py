@@ -316,14 +316,14 @@ def test_the_server_serves_prefects_classic_ui(home: Path) -> None:
 
 
 def test_ui_attaches_to_the_shared_server_or_starts_it_on_its_port(home: Path) -> None:
-    port = prefect_server._free_port()
+    port = prefect_server.free_port()
     first = prefect_server.attach_for_ui(home, port)
     try:
         first.wait_ready()
         assert first.started_here and first.lingers
         assert first.api_url == f"http://127.0.0.1:{port}/api"
         # a run (or a second `ui`) attaches to it, whatever port it would have asked for
-        second = prefect_server.attach_for_ui(home, prefect_server._free_port())
+        second = prefect_server.attach_for_ui(home, prefect_server.free_port())
         assert not second.started_here and second.pid == first.pid
         second.release()
     finally:
