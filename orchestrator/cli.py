@@ -279,10 +279,11 @@ def build_parser() -> argparse.ArgumentParser:
     from orchestrator.cli_kinds import add_parsers
 
     add_parsers(sub)  # keygen, decrypt
-    from orchestrator import cli_ops, cli_registry
+    from orchestrator import cli_ops, cli_registry, ui
 
     cli_ops.add_parsers(sub)  # gate, deploy, serve
     cli_registry.add_parsers(sub)  # promote
+    ui.add_parsers(sub)  # ui: the dashboards
     return parser
 
 

@@ -1,5 +1,5 @@
-"""The process behind `prefect_server.LocalServer`: Prefect's API server, plus a watch that
-ends it once it is no longer needed.
+"""The process behind `prefect_server.LocalServer`: Prefect's API server and its UI, plus a
+watch that ends it once it is no longer needed.
 
     python -m orchestrator.prefect_daemon --port P --idle S --home DIR --parent PID
 
@@ -68,10 +68,46 @@ async def _watch_parent(parent: int) -> None:
         await asyncio.sleep(1.0)
 
 
+def create_app() -> Any:
+    """Prefect's server app as its own temporary server runs it (the API with only the
+    services an ephemeral server needs: no scheduler, no late-run sweeps), plus Prefect's
+    UI, which `create_app` leaves out of an ephemeral server. The UI's static files are
+    copied once per Prefect version (create_ui_app caches them), then only served."""
+    import prefect
+    from prefect.server.api.server import create_app as prefect_app
+    from prefect.server.api.server import create_ui_app
+    from starlette.routing import Mount
+
+    app = prefect_app(ephemeral=True, final=True)
+    routes = app.router.routes
+    for index, route in enumerate(routes):
+        if isinstance(route, Mount) and route.name == "ui":
+            routes[index] = Mount(route.path or "/", app=create_ui_app(ephemeral=False),
+                                  name="ui")
+            # the UI's pages link /favicon.ico, which its build keeps under ico/: without
+            # this, every page load logs a 404 in the browser's console
+            icons = Path(prefect.__ui_static_path__) / "ico"
+            routes[index:index] = [_file_route(f"/{name}", icons / name)
+                                   for name in ("favicon.ico", "favicon-dark.ico")
+                                   if (icons / name).is_file()]
+            break
+    return app
+
+
+def _file_route(path: str, file: Path) -> Any:
+    from starlette.responses import FileResponse
+    from starlette.routing import Route
+
+    async def serve(_request: Any) -> FileResponse:
+        return FileResponse(file)
+
+    return Route(path, serve)
+
+
 async def _serve(args: argparse.Namespace) -> None:
     import uvicorn
 
-    config = uvicorn.Config("prefect.server.api.server:create_app", factory=True,
+    config = uvicorn.Config("orchestrator.prefect_daemon:create_app", factory=True,
                             host="127.0.0.1", port=args.port, log_level="error",
                             lifespan="on")
     server = uvicorn.Server(config)

@@ -2,8 +2,10 @@
 
 Prefect would start a temporary server inside every run: about 2.5 s of CPU, and on a
 cached re-run the longest thing left. We start that same server (uvicorn serving
-`prefect.server.api.server:create_app`, with no background services) in a session of its
-own, record it in the store folder, and let the runs that follow attach to it. Like a
+`prefect.server.api.server:create_app` with the services of an ephemeral server, plus
+Prefect's UI: see prefect_daemon.create_app) in a session of its own, record it in the
+store folder, and let the runs that follow attach to it. `orchestrator ui` attaches the
+same way while it shows the UI. Like a
 compiler-cache server it then exits by itself, once no run has used it for
 ORCHESTRATOR_PREFECT_IDLE_S seconds (default 600). With 0 each run gets its own server,
 stopped when the run ends; with PREFECT_API_URL set, that server is used and none started.
@@ -61,13 +63,40 @@ def idle_seconds() -> float:
     return value
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
-def _pid_alive(pid: int) -> bool:
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could listen on `port` now (as uvicorn binds: SO_REUSEADDR)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+class PortTaken(OrchestratorError):
+    """A port the user asked for is in use (exit 2)."""
+
+    def __init__(self, port: int, option: str) -> None:
+        super().__init__(f"port {port} is taken ({option} {port}): stop what listens "
+                         f"there, or choose another port")
+        self.port = port
+
+
+def ui_url(api_url: str) -> str:
+    """The address of the UI of the Prefect server whose API is at `api_url`."""
+    return api_url.rstrip("/").removesuffix("/api") + "/"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether `pid` runs (not a zombie, not someone else's process that reused it)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -122,6 +151,9 @@ def forget_server(home: Path, pid: int) -> None:
 
 # set per process, or by us: not what makes two servers different
 _NOT_IDENTITY = ("PREFECT_API_URL", "PREFECT_CLIENT_", "PREFECT_LOGGING_")
+# what prefect_daemon serves; bumped when that changes, so that a run never attaches to a
+# server of an older orchestrator (one without the UI, before 2)
+DAEMON_REVISION = "2"
 
 
 def _identity() -> dict[str, str]:
@@ -132,7 +164,8 @@ def _identity() -> dict[str, str]:
 
     settings = sorted(f"{k}={redact(v)}" for k, v in os.environ.items()
                       if k.startswith("PREFECT_") and not k.startswith(_NOT_IDENTITY))
-    return {"prefect": version("prefect"), "python": sys.executable,
+    # the installation is its prefix: bin/python and bin/python3 (a console script) are one
+    return {"prefect": version("prefect"), "python": sys.prefix, "daemon": DAEMON_REVISION,
             "settings": hashlib.sha256("\n".join(settings).encode()).hexdigest()[:16]}
 
 
@@ -146,7 +179,7 @@ class LocksUnavailable(OSError):
 
 def _is_our_daemon(pid: int, port: int) -> bool:
     """pid is alive and is a prefect_daemon on `port` (not a process that reused the pid)."""
-    if not _pid_alive(pid):
+    if not pid_alive(pid):
         return False
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -184,7 +217,7 @@ class LocalServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if (self.process.poll() is not None if self.process is not None
-                    else not _pid_alive(self.pid)):
+                    else not pid_alive(self.pid)):
                 raise self._error("exited")
             if _answers(f"{self.api_url}/health"):
                 return
@@ -221,11 +254,15 @@ class LocalServer:
         os.environ.pop("PREFECT_API_URL", None)
 
 
-def _spawn(home: Path, idle_s: float, log: IO[bytes]) -> tuple[subprocess.Popen[bytes], int]:
-    port = _free_port()
-    env = {**os.environ, "PREFECT_UI_ENABLED": "0",
-           # what Prefect's own temporary server sets: no background services
-           "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+def _spawn(home: Path, idle_s: float, log: IO[bytes],
+           port: int | None = None) -> tuple[subprocess.Popen[bytes], int]:
+    port = port or free_port()
+    # Prefect's classic UI unless the user asks for the new one: the new one (v2) asks an
+    # analytics host for its config at every page load, whatever
+    # PREFECT_SERVER_ANALYTICS_ENABLED says, and these machines have no internet
+    env = {"PREFECT_SERVER_UI_V2_ENABLED": "false", **os.environ,
+           # the UI's pages call this server's API (Prefect would guess port 4200)
+           "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api"}
     env.pop("PREFECT_API_URL", None)
     process = subprocess.Popen(
         [sys.executable, "-m", "orchestrator.prefect_daemon", "--port", str(port),
@@ -237,7 +274,8 @@ def _spawn(home: Path, idle_s: float, log: IO[bytes]) -> tuple[subprocess.Popen[
     return process, port
 
 
-def _attach_or_start(home: Path, idle_s: float) -> LocalServer:
+def _attach_or_start(home: Path, idle_s: float, port: int | None = None) -> LocalServer:
+    """Attach to the server recorded in `home`, or start one (on `port` when given)."""
     home.mkdir(parents=True, exist_ok=True)
     # the lease first: once it is held, an idle server can no longer decide to exit
     lease = open(home / LEASE_FILE, "a+")  # noqa: SIM115  (held for the whole run)
@@ -256,8 +294,10 @@ def _attach_or_start(home: Path, idle_s: float) -> LocalServer:
                 return LocalServer(api_url=state["api_url"], pid=int(state["pid"]),
                                    lingers=True, started_here=False,
                                    log_path=home / LOG_FILE, lease=lease)
+            if port is not None and not port_is_free(port):
+                raise PortTaken(port, "--prefect-port")
             log = open(home / LOG_FILE, "w+b")  # noqa: SIM115  (the server's stderr)
-            process, port = _spawn(home, idle_s, log)
+            process, port = _spawn(home, idle_s, log, port)
             server = LocalServer(api_url=f"http://127.0.0.1:{port}/api", pid=process.pid,
                                  lingers=True, started_here=True, log_path=home / LOG_FILE,
                                  process=process, log=log, lease=lease)
@@ -274,10 +314,12 @@ def _attach_or_start(home: Path, idle_s: float) -> LocalServer:
         raise
 
 
-def _start_for_this_run(home: Path) -> LocalServer:
+def _start_for_this_run(home: Path, port: int | None = None) -> LocalServer:
+    if port is not None and not port_is_free(port):
+        raise PortTaken(port, "--prefect-port")
     # a file, not a pipe: a chatty server must never block on a full pipe
     log = tempfile.TemporaryFile()  # noqa: SIM115
-    process, port = _spawn(home, 0, log)
+    process, port = _spawn(home, 0, log, port)
     return LocalServer(api_url=f"http://127.0.0.1:{port}/api", pid=process.pid,
                        lingers=False, started_here=True, process=process, log=log)
 
@@ -303,6 +345,23 @@ def start_if_needed(home: Path) -> LocalServer | None:
         server = _start_for_this_run(home)
     os.environ["PREFECT_API_URL"] = server.api_url
     return server
+
+
+def attach_for_ui(home: Path, port: int | None = None) -> LocalServer:
+    """The server whose UI `orchestrator ui` shows: the one runs share, attached with a
+    lease so that it stays up while the UI is open, and started (on `port` when given, else
+    a free one) when none runs. PortTaken when that port is in use. With
+    ORCHESTRATOR_PREFECT_IDLE_S=0, or no file locks in `home`, a server of its own that
+    release() stops. Leaves PREFECT_API_URL alone: with it set, show that server instead."""
+    idle_s = idle_seconds()
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    if idle_s > 0:
+        try:
+            return _attach_or_start(home, idle_s, port)
+        except LocksUnavailable as exc:
+            log.warning("cannot share a Prefect server through %s (%s): starting one for "
+                        "the UI only", home, exc)
+    return _start_for_this_run(home, port)
 
 
 def describe(home: Path) -> dict[str, Any] | None:
@@ -344,8 +403,8 @@ def stop_server(home: Path, force: bool = False, timeout: float = 30.0) -> dict[
     except ProcessLookupError:
         return found  # it had just stopped by itself
     deadline = time.monotonic() + timeout
-    while _pid_alive(pid) and time.monotonic() < deadline:
+    while pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    if _pid_alive(pid):
+    if pid_alive(pid):
         os.kill(pid, signal.SIGKILL)
     return found

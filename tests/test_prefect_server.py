@@ -149,11 +149,15 @@ def test_record_of_a_dead_server_is_replaced(home: Path) -> None:
         server.release()
 
 
-def test_server_of_another_installation_is_not_reused(home: Path) -> None:
+@pytest.mark.parametrize("changed", [{"prefect": "0.0.1"},  # another installation
+                                     {"daemon": None}])  # an older orchestrator's: no UI
+def test_server_of_another_installation_is_not_reused(home: Path,
+                                                      changed: dict[str, str | None]) -> None:
     first = start(home, idle_s=30.0)
     first.release()
     state = json.loads((home / STATE_FILE).read_text())
-    prefect_server._write_state(home, {**state, "prefect": "0.0.1"})
+    state.update(changed)
+    prefect_server._write_state(home, {k: v for k, v in state.items() if v is not None})
     second = start(home, idle_s=30.0)
     try:
         assert second.started_here and second.pid != first.pid
@@ -281,3 +285,73 @@ def test_forced_stop_forgets_the_server_before_it_goes(home: Path, monkeypatch: 
     again = start(home, idle_s=60.0)  # the next run starts a new one
     assert again.started_here and again.pid != server.pid
     again.release()
+
+
+def get(url: str, accept: str = "*/*") -> tuple[int, str, bytes, str]:
+    """Status, content type, body and final address of a GET."""
+    request = urllib.request.Request(url, headers={"Accept": accept})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return (response.status, response.headers.get("content-type", ""), response.read(),
+                response.url)
+
+
+def test_the_server_serves_prefects_classic_ui(home: Path) -> None:
+    """The UI next to the API: its settings point at this server, pages fall back to the
+    app's index.html, the favicon its pages link is there (no 404 in a browser's console),
+    and the classic UI is the default (the new one calls an analytics host at load)."""
+    server = start(home, idle_s=30.0)
+    try:
+        ui = prefect_server.ui_url(server.api_url)
+        assert ui == server.api_url.removesuffix("api")
+        settings = json.loads(get(f"{ui}ui-settings")[2])
+        assert settings["api_url"] == server.api_url
+        assert settings["default_ui"] == "v1" and "v1" in settings["available_uis"]
+        status, kind, body, final = get(f"{ui}runs", accept="text/html")
+        assert (status, final) == (200, f"{ui}runs")  # served there, not redirected to v2
+        assert kind.startswith("text/html") and b'<div id="app"' in body
+        status, kind, body, _ = get(f"{ui}favicon.ico")
+        assert status == 200 and kind.startswith("image/") and body
+    finally:
+        server.release()
+
+
+def test_ui_attaches_to_the_shared_server_or_starts_it_on_its_port(home: Path) -> None:
+    port = prefect_server.free_port()
+    first = prefect_server.attach_for_ui(home, port)
+    try:
+        first.wait_ready()
+        assert first.started_here and first.lingers
+        assert first.api_url == f"http://127.0.0.1:{port}/api"
+        # a run (or a second `ui`) attaches to it, whatever port it would have asked for
+        second = prefect_server.attach_for_ui(home, prefect_server.free_port())
+        assert not second.started_here and second.pid == first.pid
+        second.release()
+    finally:
+        first.release()
+
+
+def test_ui_on_a_taken_port_starts_nothing(home: Path) -> None:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = int(sock.getsockname()[1])
+        with pytest.raises(prefect_server.PortTaken, match=f"port {port} is taken") as caught:
+            prefect_server.attach_for_ui(home, port)
+    assert caught.value.exit_code == 2
+    assert not (home / STATE_FILE).exists() and not (home / prefect_server.LOG_FILE).exists()
+    assert not servers_of(home)
+
+
+def test_identity_is_the_installation_not_the_name_of_its_python() -> None:
+    """`make demo` runs the console script (bin/python3 in its shebang), a script runs
+    `python -m orchestrator`: both must share one server."""
+    names = [p for p in (Path(sys.executable).with_name(n) for n in ("python", "python3"))
+             if p.exists()]
+    if len(names) < 2:
+        pytest.skip("this installation has one name for its Python")
+    code = "from orchestrator.prefect_server import _identity; print(_identity())"
+    seen = {subprocess.run([str(python), "-c", code], capture_output=True, text=True,
+                           check=True, timeout=120).stdout for python in names}
+    assert len(seen) == 1, seen
