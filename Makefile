@@ -26,7 +26,7 @@ example: $(EXAMPLE)
 # is git-ignored). The demo reads it into ORCHESTRATOR_MODEL_KEY: the recipe names no key.
 DEMO_KEY := .orchestrator/demo.key
 
-$(DEMO_KEY): $(STAMP)
+$(DEMO_KEY): | $(STAMP)  # order-only: a reinstall must not remake (refuse to overwrite) the key
 	$(VENV)/bin/orchestrator keygen -o $(DEMO_KEY)
 
 demo: $(EXAMPLE) $(DEMO_KEY)
