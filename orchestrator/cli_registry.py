@@ -31,18 +31,6 @@ def _error(exc: OrchestratorError) -> int:
     return exc.exit_code
 
 
-def _devices(loaded: Any) -> dict[str, Any]:
-    from orchestrator.devices import resolve_device
-
-    devices = {}
-    for index, target in enumerate(loaded.recipe.targets):
-        try:
-            devices[target.name] = resolve_device(target.device)
-        except ValueError as exc:
-            raise loaded.error(str(exc), ("targets", index, "device")) from exc
-    return devices
-
-
 def cmd_promote(args: argparse.Namespace) -> int:
     from orchestrator.project import project_root, tracking_uri
     from orchestrator.recipe import load_recipe
@@ -54,7 +42,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
             raise loaded.error("the recipe has no targets: there are no gates to promote "
                                "through", ("targets",))
         outcome = promote(tracking_uri(project_root(loaded.path)), loaded.recipe.name,
-                          loaded.recipe.targets, _devices(loaded), args.to, args.tolerance)
+                          loaded.recipe.targets, loaded.devices(), args.to, args.tolerance)
     except OrchestratorError as exc:
         return _error(exc)
     name, version = outcome.name, outcome.version

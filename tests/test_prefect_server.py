@@ -13,37 +13,28 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
 from orchestrator import prefect_server
 from orchestrator.errors import OrchestratorError
-from orchestrator.prefect_server import LEASE_FILE, STATE_FILE, LocalServer, PrefectServerError
+from orchestrator.prefect_server import (
+    LEASE_FILE,
+    STATE_FILE,
+    LocalServer,
+    PrefectServerError,
+    pid_alive,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def wait_for(condition: Callable[[], bool], what: str, deadline_s: float = 90.0) -> None:
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if condition():
-            return
-        time.sleep(0.2)
-    pytest.fail(f"gave up waiting for {what}")
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie (exited, not yet reaped by its parent: us) counts as gone
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+
 
 
 @pytest.fixture
@@ -51,7 +42,7 @@ def home(tmp_path: Path) -> Iterator[Path]:
     folder = tmp_path / ".orchestrator"
     yield folder
     state = prefect_server._read_state(folder)  # never leave a server behind
-    if state is not None and alive(int(state["pid"])):
+    if state is not None and pid_alive(int(state["pid"])):
         os.kill(int(state["pid"]), 15)
 
 
@@ -76,11 +67,11 @@ def test_second_run_attaches_and_server_exits_when_idle(home: Path) -> None:
     first.release()
     # the second run's lease keeps the server up well past its idle time
     time.sleep(4.0)
-    assert alive(first.pid), "the server exited under an attached run"
+    assert pid_alive(first.pid), "the server exited under an attached run"
     assert (home / STATE_FILE).is_file()
 
     second.release()
-    wait_for(lambda: not alive(first.pid), "the idle server to exit")
+    wait_for(lambda: not pid_alive(first.pid), "the idle server to exit")
     assert not (home / STATE_FILE).exists(), "an exited server left its record"
 
     third = start(home, idle_s=1.0)  # a new server, since the last one is gone
@@ -107,7 +98,7 @@ def test_server_whose_store_folder_is_deleted_exits(home: Path) -> None:
     server = start(home, idle_s=1.0)
     server.release()
     shutil.rmtree(home)
-    wait_for(lambda: not alive(server.pid), "the server to notice its folder is gone")
+    wait_for(lambda: not pid_alive(server.pid), "the server to notice its folder is gone")
 
 
 def test_server_for_one_run_exits_when_the_run_is_killed(tmp_path: Path) -> None:
@@ -120,7 +111,7 @@ def test_server_for_one_run_exits_when_the_run_is_killed(tmp_path: Path) -> None
                           timeout=300, check=False)
     assert done.returncode == 9, done.stderr[-2000:]
     pid = int(done.stdout.split()[0])
-    wait_for(lambda: not alive(pid), "the orphaned per-run server to exit")
+    wait_for(lambda: not pid_alive(pid), "the orphaned per-run server to exit")
 
 
 def test_a_server_that_dies_while_booting_is_a_clear_error(tmp_path: Path) -> None:
@@ -220,7 +211,7 @@ def test_cli_reuses_the_server_and_per_run_mode_leaves_none(
         state = prefect_server._read_state(home)
         if state is not None:
             os.kill(int(state["pid"]), 15)
-    wait_for(lambda: not alive(pid), "the server to stop on SIGTERM")
+    wait_for(lambda: not pid_alive(pid), "the server to stop on SIGTERM")
     assert not (home / STATE_FILE).exists(), "a server stopped by a signal left its record"
 
     third = run("out3", **{prefect_server.IDLE_ENV: "0"})
@@ -240,7 +231,7 @@ def servers_of(home: Path) -> list[int]:
         except OSError:
             continue
         if b"orchestrator.prefect_daemon" in argv and str(home).encode() in argv \
-                and alive(int(proc.name)):
+                and pid_alive(int(proc.name)):
             found.append(int(proc.name))
     return found
 
@@ -257,14 +248,14 @@ def test_server_command_shows_and_stops_the_server(home: Path, monkeypatch: pyte
 
     assert cli.main(["server", "stop"]) == 2  # a run is attached
     assert "--force" in capsys.readouterr().err
-    assert alive(server.pid)
+    assert pid_alive(server.pid)
 
     server.release()
     assert cli.main(["server"]) == 0
     assert "idle" in capsys.readouterr().out
     assert cli.main(["server", "stop"]) == 0
     assert f"pid {server.pid}" in capsys.readouterr().out
-    wait_for(lambda: not alive(server.pid), "the stopped server to exit")
+    wait_for(lambda: not pid_alive(server.pid), "the stopped server to exit")
     assert not (home / STATE_FILE).exists()
     assert cli.main(["server", "status"]) == 0
     assert "no local Prefect server" in capsys.readouterr().out
@@ -279,7 +270,7 @@ def test_forced_stop_forgets_the_server_before_it_goes(home: Path, monkeypatch: 
     try:
         assert cli.main(["server", "stop", "--force"]) == 0  # although a run is attached
         assert not (home / STATE_FILE).exists()
-        wait_for(lambda: not alive(server.pid), "the forced server to exit")
+        wait_for(lambda: not pid_alive(server.pid), "the forced server to exit")
     finally:
         server.release()
     again = start(home, idle_s=60.0)  # the next run starts a new one

@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import wait_for
 
 from orchestrator import prefect_server
+from orchestrator.prefect_server import pid_alive
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = "digits-cnn"
@@ -56,21 +58,9 @@ def chromium() -> str:
     return found
 
 
-def wait_for(condition: Any, what: str, deadline_s: float = 120.0) -> None:
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if condition():
-            return
-        time.sleep(0.2)
-    pytest.fail(f"gave up waiting for {what}")
 
 
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
+
 
 
 def descendants(pid: int) -> set[int]:
@@ -146,7 +136,7 @@ def project(digits_example: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         yield made
     finally:
         state = made.server_state()
-        if state is not None and alive(int(state["pid"])):
+        if state is not None and pid_alive(int(state["pid"])):
             os.kill(int(state["pid"]), signal.SIGTERM)
 
 
@@ -318,9 +308,9 @@ def test_both_dashboards_show_the_run_by_name(chromium_executable: str, project:
     finally:
         if ui.process.poll() is None:
             ui.process.kill()
-    wait_for(lambda: not any(alive(pid) for pid in started), "the MLflow server to stop")
+    wait_for(lambda: not any(pid_alive(pid) for pid in started), "the MLflow server to stop")
     assert not answers(f"{base}/health")
-    assert project.server_state() == shared and alive(int(shared["pid"])), \
+    assert project.server_state() == shared and pid_alive(int(shared["pid"])), \
         "`orchestrator ui` stopped the Prefect server a run had started"
 
 
@@ -351,6 +341,6 @@ def test_ui_started_from_elsewhere_stops_what_it_started_on_sigterm(
     finally:
         if ui.process.poll() is None:
             ui.process.kill()
-    wait_for(lambda: not any(alive(pid) for pid in started), "both servers to stop")
+    wait_for(lambda: not any(pid_alive(pid) for pid in started), "both servers to stop")
     assert project.server_state() is None
     assert list(elsewhere.iterdir()) == []
