@@ -131,7 +131,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from orchestrator import prefect_server, project
+    from orchestrator import prefect_server, project, tracking_client
     from orchestrator.progress import ConsoleProgress
     from orchestrator.recipe import load_recipe
 
@@ -144,8 +144,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         # before the server starts: a folder that cannot be written is exit 2 at once
         project.check_folders(project.output_dir(root, loaded.recipe.name, output),
                               store_root, root)
-        # a server of an earlier run, or one booting in its own process (~2.5 s) while
-        # Prefect and the flow are imported
+        # MLflow's import (in the tracking worker) and a booting Prefect server (~2.5 s,
+        # unless an earlier run's is up) run beside Prefect's import and the flow's start
+        tracking_client.prestart(project.tracking_uri(root))
         server = prefect_server.start_if_needed(store_root)
         from pipelines import recipe_flow
 
@@ -159,6 +160,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except OrchestratorError as exc:
         return _error(exc)
     finally:
+        tracking_client.discard_prestarted()
         if server is not None:
             server.release()
             if server.started_here and server.lingers:  # say so, however the run ended

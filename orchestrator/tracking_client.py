@@ -41,6 +41,43 @@ class TrackingError(OrchestratorError):
     """MLflow could not record the run (bad MLFLOW_TRACKING_URI, unreachable server...)."""
 
 
+def _spawn(tracking_uri: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.tracking"], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True, encoding="utf-8",
+        # its own process group: Ctrl-C for the run must not hit its Python mid start-up
+        # (the run decides how tracking ends; a dead run ends its stdin)
+        process_group=0,
+        # MLflow prints "View run at <tracking URI>", credentials and all
+        env={**os.environ, "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
+             PROBE_ENV: tracking_uri})
+
+
+# Workers started ahead of their run, by tracking URI (see prestart).
+_prestarted: dict[str, subprocess.Popen[str]] = {}
+
+
+def prestart(tracking_uri: str) -> None:
+    """Start the tracking worker for `tracking_uri` now: the CLI does, before it imports
+    Prefect (a second), so that MLflow's import (1.5 s) runs beside it on the other core.
+    The run's TrackingClient for the same URI adopts it; `discard_prestarted` ends one
+    that no run adopted."""
+    if tracking_uri not in _prestarted:
+        _prestarted[tracking_uri] = _spawn(tracking_uri)
+
+
+def discard_prestarted() -> None:
+    """End the workers no run adopted (the run failed before it tracked anything): their
+    input ends, and a worker that was not asked to start exits without an MLflow run."""
+    while _prestarted:
+        _, process = _prestarted.popitem()
+        for stream in (process.stdin, process.stdout):
+            if stream is not None:
+                stream.close()
+        process.kill()  # nothing to record: no need to wait for MLflow's import
+        process.wait()
+
+
 class TrackingClient:
     """The MLflow hook. `start` before the flow, hooks during, `finish` after."""
 
@@ -49,15 +86,7 @@ class TrackingClient:
         recipe's project root; default: the one around the working directory)."""
         self.local_default = tracking_uri is None and not os.environ.get("MLFLOW_TRACKING_URI")
         self.tracking_uri = tracking_uri or project_tracking_uri(root or project_root())
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.tracking"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, text=True, encoding="utf-8",
-            # MLflow prints "View run at <tracking URI>", credentials and all
-            # its own process group: Ctrl-C for the run must not hit its Python mid start-up
-            # (the run decides how tracking ends; a dead run ends its stdin)
-            process_group=0,
-            env={**os.environ, "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
-                 PROBE_ENV: self.tracking_uri})
+        self.process = _prestarted.pop(self.tracking_uri, None) or _spawn(self.tracking_uri)
         self._started = False
         self._run_id: str | None = None
         self.run_name: str | None = None  # the parent run's, once started
