@@ -1,4 +1,4 @@
-"""The `orchestrator` command: run, validate, stages, schema, inspect.
+"""The `orchestrator` command: run, validate, gate, deploy, serve, promote, ui and more.
 
 Exit codes (SPEC): 0 ok, 1 a budget gate failed, 2 invalid recipe/model/data, 3 a stage
 failed. User errors print one clear message, never a traceback.
