@@ -6,7 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-MB = 1024 * 1024  # budgets are in MiB: what phones and their app stores report
+# max_size_mb and max_ram_mb are in MiB (1,048,576 bytes): what phones and their app stores
+# report; messages say MiB
+MB = 1024 * 1024
 
 
 def quality_violations(accuracy_drop: float | None, fidelity: float | None, budgets: Any
@@ -35,8 +37,8 @@ def check_budgets(variant: Mapping[str, Any], budgets: Any, est_latency_ms: floa
     (empty when all are met)."""
     violations: list[str] = []
     if device is not None and variant["ram_bytes"] / MB > device.ram_limit_mb:
-        violations.append(f"RAM {variant['ram_bytes'] / MB:.2f} MB ({variant['ram_source']}) > "
-                          f"the device's limit of {device.ram_limit_mb:g} MB")
+        violations.append(f"RAM {variant['ram_bytes'] / MB:.2f} MiB ({variant['ram_source']})"
+                          f" > the device's limit of {device.ram_limit_mb:g} MiB")
 
     def measured(value: Any, what: str, how: str) -> bool:
         if value is None:
@@ -47,7 +49,7 @@ def check_budgets(variant: Mapping[str, Any], budgets: Any, est_latency_ms: floa
     if budgets.max_size_mb is not None:
         size_mb = variant["size_bytes"] / MB
         if size_mb > budgets.max_size_mb:
-            violations.append(f"size {size_mb:.3f} MB > max_size_mb {budgets.max_size_mb}")
+            violations.append(f"size {size_mb:.3f} MiB > max_size_mb {budgets.max_size_mb}")
     violations += quality_violations(variant.get("accuracy_drop"), variant.get("fidelity"),
                                      budgets)
     if budgets.max_latency_ms is not None and measured(est_latency_ms, "latency", "benchmark"):
@@ -57,5 +59,5 @@ def check_budgets(variant: Mapping[str, Any], budgets: Any, est_latency_ms: floa
     if budgets.max_ram_mb is not None:
         ram_mb = variant["ram_bytes"] / MB
         if ram_mb > budgets.max_ram_mb:
-            violations.append(f"RAM {ram_mb:.2f} MB > max_ram_mb {budgets.max_ram_mb}")
+            violations.append(f"RAM {ram_mb:.2f} MiB > max_ram_mb {budgets.max_ram_mb}")
     return violations

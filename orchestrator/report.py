@@ -100,17 +100,57 @@ def select(variants: Mapping[str, Mapping[str, Any]], target_names: list[str]
     return selected
 
 
+def selection_reasons(variants: Mapping[str, Mapping[str, Any]],
+                      selected: Mapping[str, str | None]) -> dict[str, dict[str, str]]:
+    """Per target and variant, why it was or was not selected, in the words of the rule
+    `select` applies: every budget met, then the lowest estimated latency, then the size."""
+    reasons: dict[str, dict[str, str]] = {}
+    for target, chosen in selected.items():
+        why: dict[str, str] = {}
+        best = variants[chosen] if chosen is not None else None
+        for name, variant in variants.items():
+            result = variant["targets"][target]
+            if not result["budgets_ok"]:
+                why[name] = "breaks a budget: " + "; ".join(result["violations"])
+                continue
+            est = result["est_latency_ms"]
+            if name == chosen:
+                others = [n for n in variants if n != name
+                          and variants[n]["targets"][target]["budgets_ok"]]
+                why[name] = ("selected: meets every budget" + (
+                    f"; lowest estimated latency ({_fmt(est, '.3f')} ms est.), then smallest "
+                    f"size, among {', '.join([name, *others])}" if others else
+                    "; the only variant that does"))
+            elif best is not None:
+                best_est = best["targets"][target]["est_latency_ms"]
+                if est is not None and best_est is not None and est > best_est:
+                    why[name] = (f"meets every budget, but {name}'s estimated latency "
+                                 f"{est:.3f} ms > {chosen}'s {best_est:.3f} ms")
+                else:
+                    why[name] = (f"meets every budget, same estimated latency as {chosen}, "
+                                 f"but larger ({_kib(variant['size_bytes'])} vs "
+                                 f"{_kib(best['size_bytes'])})")
+        reasons[target] = why
+    return reasons
+
+
+def _kib(size_bytes: int) -> str:
+    return f"{size_bytes / 1024:,.1f} KiB"
+
+
 def build_report(plan: Plan, data: RunData, outcomes: Mapping[str, NodeOutcome],
                  devices: Mapping[str, Any], variants: list[str], run_id: str | None
                  ) -> dict[str, Any]:
     built = {name: build_variant(name, plan, data, outcomes, devices) for name in variants}
+    selected = select(built, [t.name for t in plan.recipe.recipe.targets])
     return {"recipe": plan.recipe.recipe.name,
             "recipe_path": str(plan.recipe.path),
             "mlflow_run_id": run_id,
             "data": data_summary(plan),
             "data_fingerprints": dict(plan.fingerprints),
             "variants": built,
-            "selected": select(built, [t.name for t in plan.recipe.recipe.targets])}
+            "selected": selected,
+            "selection_reasons": selection_reasons(built, selected)}
 
 
 def data_summary(plan: Plan) -> dict[str, Any]:
@@ -219,32 +259,44 @@ def _fmt(value: Any, spec: str = "") -> str:
 
 
 def print_summary(report: Mapping[str, Any], out_dir: Path, console: Any = None) -> None:
-    """The summary table: one row per variant, budgets per target, and the selection."""
+    """The summary table: one row per variant. Sizes are the shipped file in KiB; host p50
+    is measured on this machine; each target's column is the device latency that its
+    budget and the selection use, an estimate (FLOPs over the device's speed)."""
     import sys
 
     from rich.console import Console
     from rich.table import Table
 
     # a pipe or CI log gets a wide table instead of rich's 80-column default
-    console = console or Console(width=None if sys.stdout.isatty() else 150)
-    table = Table(title=f"recipe {report['recipe']}")
-    for column in ("variant", "size KB", "gzip KB", "params", "p50 ms", "accuracy", "drop",
-                   "fidelity", "targets", "cached"):
-        table.add_column(column, justify="left" if column in ("variant", "targets") else "right")
+    console = console or Console(width=None if sys.stdout.isatty() else 160)
+    table = Table(title=f"recipe {report['recipe']}", caption="KiB: 1,024 bytes of the file "
+                  "that ships · est. ms: device latency estimated from FLOPs (budgets and "
+                  "selection use it)")
+    columns = ["variant", "shipped KiB", "gzip KiB", "params", "host p50 ms\n(measured)",
+               "accuracy", "drop", "fidelity"]
+    target_names = list(report.get("selected") or {})
+    devices = {t: r.get("device", "") for v in report["variants"].values()
+               for t, r in v["targets"].items()}
+    columns += [f"{t} ({devices.get(t, '')})\nest. ms, budgets" for t in target_names]
+    columns.append("cached")
+    for column in columns:
+        table.add_column(column, justify="left" if column == "variant" else "right")
     for name, v in report["variants"].items():
         latency = (v.get("latency_ms") or {}).get("p50")
-        targets = ", ".join(f"{t}: {'ok' if r['budgets_ok'] else 'FAIL'}"
-                            for t, r in v["targets"].items()) or "-"
+        per_target = []
+        for target in target_names:
+            result = v["targets"][target]
+            mark = "[green]ok[/]" if result["budgets_ok"] else "[red]FAIL[/]"
+            chosen = " [bold]✓[/]" if report["selected"].get(target) == name else ""
+            per_target.append(f"{_fmt(result['est_latency_ms'], '.3f')} {mark}{chosen}")
         cached = sum(s["cached"] for s in v["stages"])
-        table.add_row(name, f"{v['size_bytes'] / 1024:.1f}", f"{v['gzip_size_bytes'] / 1024:.1f}",
-                      f"{v['params']:,}", _fmt(latency, ".3f"), _fmt(v.get("accuracy"), ".4f"),
+        table.add_row(name, f"{v['size_bytes'] / 1024:,.1f}",
+                      f"{v['gzip_size_bytes'] / 1024:,.1f}", f"{v['params']:,}",
+                      _fmt(latency, ".3f"), _fmt(v.get("accuracy"), ".4f"),
                       _fmt(v.get("accuracy_drop"), "+.4f"), _fmt(v.get("fidelity"), ".4f"),
-                      targets, f"{cached}/{len(v['stages'])}")
+                      *per_target, f"{cached}/{len(v['stages'])}")
     console.print(table)
     for name, v in report["variants"].items():
-        for target, result in v["targets"].items():
-            for violation in result["violations"]:
-                console.print(f"  [yellow]{name} on {target}:[/] {violation}")
         for warning in v.get("warnings", []):
             console.print(f"  [yellow]warning[/] {name}: {warning}")
     for role, summary in (report.get("data") or {}).items():
@@ -252,10 +304,13 @@ def print_summary(report: Mapping[str, Any], out_dir: Path, console: Any = None)
             names = ", ".join(Path(f).name for f in summary["skipped_files"][:5])
             console.print(f"  [yellow]warning[/] data.{role}: skipped "
                           f"{summary['skipped_inputs']} non-image file(s): {names}")
+    reasons = report.get("selection_reasons") or {}
     for target, variant in report.get("selected", {}).items():
         console.print(f"selected for {target}: "
                       + (f"[bold green]{variant}[/]" if variant else "[bold red]none meets "
                          "its budgets[/]"))
+        for name, why in (reasons.get(target) or {}).items():
+            console.print(f"  {name}: {why}", highlight=False)
     for name, v in report["variants"].items():
         if v.get("encryption"):  # where the key came from; never the key
             console.print(f"{name}: encrypted with key id {v['encryption'].get('key_id')} "

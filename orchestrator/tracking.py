@@ -458,6 +458,10 @@ def serve(inbox: Any, outbox: Any) -> int:
 def main() -> int:
     # Ctrl-C reaches the whole process group; the run decides how its tracking ends
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # MLflow's INFO lines ("Creating initial MLflow database tables...") would land in
+    # the middle of the run's progress display: warnings and errors only (MLflow reads
+    # this when it is imported; the environment still wins)
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     # the run and a booting Prefect server come first: MLflow has until the flow ends
     os.nice(10)
     for name, value in _HTTP_DEFAULTS.items():

@@ -61,7 +61,7 @@ def _targets(size: int, drop: float, est: dict[str, float]) -> dict[str, Any]:
     for target, (max_mb, max_drop) in limits.items():
         violations = []
         if size / 1048576 > max_mb:
-            violations.append(f"size {size / 1048576:.3f} MB > max_size_mb {max_mb}")
+            violations.append(f"size {size / 1048576:.3f} MiB > max_size_mb {max_mb}")
         if drop > max_drop:
             violations.append(f"accuracy drop {drop:.4f} > max_accuracy_drop {max_drop}")
         targets[target] = {"device": "phone-2016" if target == "phone" else "raspberry-pi-3",

@@ -69,7 +69,7 @@ def test_refusal_names_each_target_without_a_variant_and_the_violations() -> Non
     reason = refusal(failing)
     assert failing["selected"] == {"phone": None, "pi": "fp32"}  # fp32 fits the Pi
     assert reason is not None and reason.startswith("phone: no variant within budgets (")
-    assert "fp32: size 1.027 MB > max_size_mb 1.0" in reason
+    assert "fp32: size 1.027 MiB > max_size_mb 1.0" in reason
     assert "int8: accuracy drop 0.0433 > max_accuracy_drop 0.01" in reason
     assert "pi:" not in reason
     assert refusal({**report(), "selected": {}}) == (
@@ -101,7 +101,7 @@ def test_gate_check_uses_the_recipes_current_budgets_and_device(project: Path) -
     tight = load_recipe(project, ["targets.0.budgets.max_size_mb=0.25"]).recipe.targets[0]
     check = gate_check(run_report, tight, resolve_device(tight.device))
     assert check.variant == "int8"
-    assert check.violations == ["size 0.270 MB > max_size_mb 0.25"]
+    assert check.violations == ["size 0.270 MiB > max_size_mb 0.25"]
     # a slower device: the latency estimate is recomputed from the variant's FLOPs
     slow = load_recipe(project, ["targets.0.device=raspberry-pi-3",
                                  "targets.0.budgets.max_latency_ms=0.1"]).recipe.targets[0]
@@ -241,14 +241,14 @@ def test_promote_refuses_a_candidate_that_a_tightened_budget_breaks(
                  "--set", "targets.0.budgets.max_size_mb=0.25"])
     shown = capsys.readouterr()
     assert code == 1
-    assert "  phone: int8: size 0.270 MB > max_size_mb 0.25" in shown.out
+    assert "  phone: int8: size 0.270 MiB > max_size_mb 0.25" in shown.out
     assert "  pi: int8: meets its budgets" in shown.out
     assert "no version is production" in shown.err
     client = mlflow_client(project)
     registered = client.get_registered_model("digits-test")
     assert "production" not in registered.aliases
     assert client.get_model_version("digits-test", "1").tags[
-        "promote.production.refused"] == "phone: size 0.270 MB > max_size_mb 0.25"
+        "promote.production.refused"] == "phone: size 0.270 MiB > max_size_mb 0.25"
 
 
 def test_promote_without_a_candidate_is_exit_2(

@@ -5,11 +5,13 @@ from __future__ import annotations
 from orchestrator.budgets import MB, check_budgets
 from orchestrator.devices import resolve_device
 from orchestrator.recipe_models import Budgets
-from orchestrator.report import select
+from orchestrator.report import select, selection_reasons
 
 
 def variant(size: int, est: float | None, ok: bool = True) -> dict:
-    return {"size_bytes": size, "targets": {"t": {"budgets_ok": ok, "est_latency_ms": est}}}
+    violations = [] if ok else [f"size {size} too large"]
+    return {"size_bytes": size, "targets": {"t": {"budgets_ok": ok, "est_latency_ms": est,
+                                                  "violations": violations}}}
 
 
 def test_select_prefers_latency_then_size_among_those_within_budgets() -> None:
@@ -19,6 +21,22 @@ def test_select_prefers_latency_then_size_among_those_within_budgets() -> None:
     assert select({"a": variant(10, 1.0, ok=False)}, ["t"]) == {"t": None}
 
 
+def test_selection_reasons_say_why_each_variant_was_or_was_not_chosen() -> None:
+    variants = {"fp32": variant(1000, 5.0), "int8": variant(3072, 2.0),
+                "int8b": variant(2048, 2.0), "fast_but_bad": variant(100, 0.5, ok=False)}
+    why = selection_reasons(variants, select(variants, ["t"]))["t"]
+    assert why["int8b"].startswith("selected: meets every budget; lowest estimated latency "
+                                   "(2.000 ms est.)")
+    assert why["fp32"] == ("meets every budget, but fp32's estimated latency 5.000 ms > "
+                           "int8b's 2.000 ms")
+    assert why["int8"] == ("meets every budget, same estimated latency as int8b, but larger "
+                           "(3.0 KiB vs 2.0 KiB)")
+    assert why["fast_but_bad"] == "breaks a budget: size 100 too large"
+    alone = {"a": variant(10, 1.0), "b": variant(10, 1.0, ok=False)}
+    assert selection_reasons(alone, select(alone, ["t"]))["t"]["a"].endswith(
+        "the only variant that does")
+
+
 def test_check_budgets_names_each_violation() -> None:
     v = {"size_bytes": int(1.5 * MB), "accuracy_drop": 0.03, "fidelity": 0.9,
          "ram_bytes": 50 * MB, "ram_source": "measured peak (benchmark)"}
@@ -26,11 +44,11 @@ def test_check_budgets_names_each_violation() -> None:
                       max_latency_ms=10, max_ram_mb=20)
     violations = check_budgets(v, budgets, est_latency_ms=12.5)
     assert len(violations) == 5
-    assert any(x.startswith("size 1.500 MB > max_size_mb 1.0") for x in violations)
+    assert any(x.startswith("size 1.500 MiB > max_size_mb 1.0") for x in violations)
     assert any("accuracy drop 0.0300 > max_accuracy_drop 0.01" in x for x in violations)
     assert any("fidelity 0.9000 < min_fidelity 0.95" in x for x in violations)
     assert any("estimated latency 12.500 ms > max_latency_ms 10" in x for x in violations)
-    assert any("RAM 50.00 MB > max_ram_mb 20" in x for x in violations)
+    assert any("RAM 50.00 MiB > max_ram_mb 20" in x for x in violations)
     assert check_budgets(v, Budgets(), est_latency_ms=None) == []
 
 
