@@ -235,16 +235,21 @@ def _prefect_links() -> dict[str, str]:
 
 
 def _link_mlflow_run(report: dict[str, Any], root: Path) -> None:
-    """A Markdown artifact on the flow run: the MLflow run and how to open it."""
+    """A Markdown artifact on the flow run: the MLflow run and how to open it. The run's
+    outputs are written by now: a Prefect API that fails here costs the link only."""
     from prefect.artifacts import create_markdown_artifact
 
     selected = ", ".join(f"{t}: {v or 'none within budgets'}"
                          for t, v in report["selected"].items()) or "no targets"
-    create_markdown_artifact(
-        key="mlflow-run", description="The MLflow run of this flow run",
-        markdown=f"MLflow run `{report['mlflow_run_id']}` in experiment "
-                 f"`{report['recipe']}`.\n\nSelected: {selected}.\n\nOpen the dashboards: "
-                 f"`orchestrator ui {report.get('recipe_path', '')}` (project {root}).")
+    try:
+        create_markdown_artifact(
+            key="mlflow-run", description="The MLflow run of this flow run",
+            markdown=f"MLflow run `{report['mlflow_run_id']}` in experiment "
+                     f"`{report['recipe']}`.\n\nSelected: {selected}.\n\nOpen the "
+                     f"dashboards: `orchestrator ui {report.get('recipe_path', '')}` "
+                     f"(project {root}).")
+    except Exception as exc:  # noqa: BLE001  (a missing link is no failed run)
+        log.warning("could not link the MLflow run in Prefect: %s", exc)
 
 
 def _versions() -> dict[str, str]:
