@@ -272,6 +272,34 @@ def equalize_unit_row_strides(graph_def: GraphDef) -> list[str]:
     return changed
 
 
+UNFUSED_BIAS = ("QuantizedBiasAdd is off by up to 4 steps (TF's float32 total space); a "
+                "BiasAdd runs in eight bits only inside a converted Conv2D/MatMul")
+
+
+def unfused_bias_adds(graph: GraphDef, candidates: Sequence[NodeDef], hidden: set[str],
+                      ops: Sequence[str] | None) -> list[FloatNode]:
+    """BiasAdds that would become a QuantizedBiasAdd of their own: those not right after a
+    Conv2D/MatMul that converts (orchestrator.integer_bias adds those biases in the
+    accumulator instead). TF's kernel shifts a layer by a range-dependent offset of up to
+    about 4 steps, so they stay float."""
+    nodes = {n.name: n for n in graph.node}
+
+    def converts(node: NodeDef | None) -> bool:
+        return (node is not None and node.op in ("Conv2D", "MatMul") and is_float(node)
+                and node.name not in hidden and (ops is None or node.op in ops))
+
+    found = []
+    for node in candidates:
+        if node.op != "BiasAdd" or node.name in hidden or not node.input:
+            continue
+        source, _, port = node.input[0].partition(":")
+        if port not in ("", "0") or not converts(nodes.get(source)):
+            producer = nodes.get(source)
+            found.append(FloatNode(node.name, node.op, UNFUSED_BIAS,
+                                   f"input {producer.op if producer else source}"))
+    return found
+
+
 # --- the plan for one quantize_nodes run -------------------------------------------------
 
 @dataclass
@@ -326,6 +354,8 @@ def plan(graph: GraphDef, exclude_nodes: Iterable[str], ops: Sequence[str] | Non
     limited = unsupported(graph, [n for n in candidates if n.name not in asked])
     no_kernel = without_kernel(graph, quantizable)
     hidden = {n.name for n in graph.node if n.name in excluded and is_float(n)}
+    hidden |= {n.node for n in limited}
+    limited += unfused_bias_adds(graph, candidates, hidden, ops)
     hidden |= {n.node for n in limited}
     return FloatPlan(quantizable, [n.name for n in candidates], user, limited, no_kernel, hidden)
 

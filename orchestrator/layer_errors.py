@@ -56,6 +56,9 @@ class QuantizedLayer:
     # F's activation inputs, by input index, and where the 8-bit graph's value of each is:
     # (i, "layer", X) for quantized layer X's output, (i, "tensor", "X:k") for a float tensor
     feeds: tuple[tuple[int, str, str], ...] = ()
+    # the float Conv2D/MatMul computed inside this layer (a bias added in its accumulator,
+    # orchestrator.integer_bias): `feeds` then index its inputs, and it is copied too
+    fused: str | None = None
 
 
 def dequantize(values: np.ndarray, range_min: float, range_max: float) -> np.ndarray:
@@ -97,7 +100,9 @@ def quantized_layers(float_graph: GraphDef, eight_bit: tf.Graph) -> list[Quantiz
     outputs: dict[str, str] = {}
     for op in eight_bit.get_operations():
         f = _float_op_of(op.name)
-        if f is None or not op.type.startswith("Quantized") or f not in float_nodes:
+        eight_bit_op = op.type.startswith("Quantized") or (  # integer_bias' add
+            op.type == "Bitcast" and op.outputs[0].dtype == tf.qint32)
+        if f is None or not eight_bit_op or f not in float_nodes:
             continue
         out = op.outputs[0]
         if out.dtype == tf.quint8:
@@ -113,7 +118,12 @@ def quantized_layers(float_graph: GraphDef, eight_bit: tf.Graph) -> list[Quantiz
         if name not in outputs:
             continue
         feeds = []
-        for index, inp in enumerate(float_nodes[name].input):
+        first = float_nodes.get(node_name(float_nodes[name].input[0])) \
+            if float_nodes[name].input else None
+        fused = first.name if (first is not None and first.op in ("Conv2D", "MatMul")
+                               and first.name not in outputs and first.name not in names) \
+            else None
+        for index, inp in enumerate(float_nodes[fused or name].input):
             source = float_nodes.get(node_name(inp))
             if inp.startswith("^") or source is None or source.op in ("Const", "Placeholder"):
                 continue  # float weights stay; the model inputs are the same in both
@@ -122,7 +132,8 @@ def quantized_layers(float_graph: GraphDef, eight_bit: tf.Graph) -> list[Quantiz
                 feeds.append((index, "layer", source.name))
             elif source.name in names and _same_dtype(eight_bit, source, port):
                 feeds.append((index, "tensor", f"{source.name}:{port}"))
-        layers.append(QuantizedLayer(name, float_nodes[name].op, outputs[name], tuple(feeds)))
+        layers.append(QuantizedLayer(name, float_nodes[name].op, outputs[name], tuple(feeds),
+                                     fused))
     return layers
 
 
@@ -273,12 +284,13 @@ def _with_local_copies(float_graph: GraphDef, layers: Sequence[QuantizedLayer],
     sources: dict[tuple[str, str], str] = {}
     local = []
     for i, layer in enumerate(layers):
+        fed = layer.fused or layer.node  # the node whose activation inputs are fed
         copy = node_def_pb2.NodeDef()
-        copy.CopyFrom(nodes[layer.node])
-        copy.name = f"{scope}/{i}"
+        copy.CopyFrom(nodes[fed])
+        copy.name = f"{scope}/{i}" if layer.fused is None else f"{scope}/{i}/linear"
         copy.ClearField("device")
         del copy.input[:]
-        for index, inp in enumerate(nodes[layer.node].input):
+        for index, inp in enumerate(nodes[fed].input):
             if inp.startswith("^"):
                 continue
             feed = next(((k, s) for j, k, s in layer.feeds if j == index), None)
@@ -297,6 +309,13 @@ def _with_local_copies(float_graph: GraphDef, layers: Sequence[QuantizedLayer],
                 sources[feed] = f"{placeholder.name}:0"
             copy.input.append(sources[feed])
         graph.node.append(copy)
+        if layer.fused is not None:  # F itself, on the copied linear op
+            linear, copy = copy, node_def_pb2.NodeDef()
+            copy.CopyFrom(nodes[layer.node])
+            copy.name = f"{scope}/{i}"
+            copy.ClearField("device")
+            copy.input[0] = linear.name
+            graph.node.append(copy)
         local.append(f"{copy.name}:0")
     return graph, local, sources
 

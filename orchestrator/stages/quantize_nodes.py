@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field, model_validator
 
+from orchestrator import integer_bias
 from orchestrator import kernel_support as ks
 from orchestrator import quantization as q
 from orchestrator.graph_rewrite import copy_graph, rename_nodes, reset_node
@@ -261,7 +262,9 @@ def read_shapes_from_quantized(graph_def: GraphDef) -> int:
 
 
 _SUFFIXES = {"requant_range": "range", "requantize": "requant", "fallback_min": "min",
-             "fallback_max": "max"}
+             "fallback_max": "max",
+             # orchestrator.integer_bias' accumulator add
+             **{part: part for part in ("bias", "span", "steps", "steps_int", "acc", "sum")}}
 _INPUT_KINDS = {"reshape_dims": "dims", "reduction_dims": "axis", "reshape": "flat",
                 "min": "min", "max": "max", "quantize": "quantize"}
 
@@ -275,7 +278,8 @@ def short_names(graph_def: GraphDef, protected: set[str]) -> dict[str, str]:
     """
     names = [n.name for n in graph_def.node]
     floats = [n.name[: -len("/eightbit")] for n in graph_def.node
-              if n.op.startswith("Quantized") and n.name.endswith("/eightbit")]
+              if (n.op.startswith("Quantized") or n.op == "Bitcast")
+              and n.name.endswith("/eightbit")]
     taken = set(names)
     mapping: dict[str, str] = {}
 
@@ -318,13 +322,15 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
     rewritten = rewrite_bias_adds(graph) if params.bias_add else 0
     equalized = ks.equalize_unit_row_strides(graph)
     plan = ks.plan(graph, params.exclude_nodes, params.ops, q.QUANTIZABLE_OPS)
+    convertible = q.QUANTIZABLE_OPS if params.ops is None else params.ops
+    converts = {n.name: n.op in convertible and n.name not in plan.hidden for n in graph.node}
     corrected: tuple[dict, dict] = ({}, {})
     if params.bias_correction:  # only for the ops that will compute with 8-bit weights
         from orchestrator.bias_correction import correct_for_stage
 
-        convertible = q.QUANTIZABLE_OPS if params.ops is None else params.ops
-        corrected = correct_for_stage(graph, artifact, ctx, lambda node: node.op in convertible
-                                      and node.name not in plan.hidden)
+        corrected = correct_for_stage(graph, artifact, ctx, lambda node: converts.get(node.name, False))
+    # the (corrected) biases go into the accumulator, not QuantizedBiasAdd: integer_bias
+    biases = integer_bias.constant_values(graph, integer_bias.biases_to_fuse(graph, converts))
     hidden = []  # the user's exclusions (the kernel-limited nodes are in plan.limited)
     for node in graph.node:
         if node.name in plan.hidden:
@@ -338,6 +344,7 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
         if node.name in plan.hidden:
             node.attr["T"].type = _DT_FLOAT
     result, folded = fold_constant_quantizations(result)
+    fused = integer_bias.fuse(result, biases)
     read_shapes_from_quantized(result)
     result = q.prune(result, artifact.input_names, outputs)
     if params.short_names:
@@ -364,6 +371,7 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
                  "weight_bytes_quantized_fraction": stats.quantized_fraction, **corrected[0]},
         info={"ops": counts, "float_quantizable_ops": left_float,
               "bias_adds_rewritten": rewritten, "constant_quantizations_folded": folded,
+              "biases_in_accumulator": len(fused),
               "excluded_nodes": hidden, "float_nodes": ks.records(plan.float_nodes()),
               "strides_equalized": equalized, **corrected[1]},
         warnings=plan.warnings(converted))
