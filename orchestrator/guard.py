@@ -1,34 +1,45 @@
 """The accuracy guard: a closed loop, like NNCF's accuracy control.
 
 When an 8-bit pipeline breaks a target's quality budget (accuracy drop, fidelity, an
-output's SQNR...), the guard ranks the layers quantize_nodes converted by how much each
-one hurts: the per-layer errors freeze_ranges measured against float (normalized MSE), or,
-without them, graph order, first and last layers first. Then, worst first, it takes them
-back from eight bits a layer (later a small group) at a time:
+output's SQNR...), the guard takes layers back from eight bits until it meets them. A layer
+is what a user means by one: a Conv2D/MatMul with the BiasAdd and Relu/Relu6 that follow it
+(its quantize/dequantize boundary is placed once, around all of them), or a lone op such as
+a MaxPool. Layers are ranked by how much error each adds (the per-layer errors
+freeze_ranges measured against float, normalized MSE), or, without diagnostics, weight
+layers first. Worst first, a layer (later a small group) at a time is taken back:
 
-1. weights-only: the layer computes in float from its 8-bit weights, which keeps most of
-   the size gain (needs quantize_weights in the pipeline);
+1. weights-only, for layers with weights: the layer computes in float from its 8-bit
+   weights, which keeps most of the size gain (needs quantize_weights in the pipeline);
 2. float: its weights stay float32 too.
 
-A step that does not make the quality better is stepped back. After a few kept steps the
-remaining layers are re-ranked from the latest trial's own errors; when single layers stop
-helping, steps grow to small groups. When that is not enough, the best candidate is tried
-with quantize_nodes' bias correction off (where activation rounding dominates it can cost
-more than it saves), and, when activation ranges clip, with other range percentiles. The
-search stops at the first candidate that meets every budget, or at `max_trials` /
-`timeout_s`, and keeps the best.
+Candidates are ranked and kept by a continuous measure that sees small moves: the lowest
+over the outputs of the SQNR of their logits against float (evaluate's
+`min_logit_sqnr_db`); a top-1 agreement or a thresholded figure is too coarse to rank
+trials. A step is kept only when it moves that measure towards float by more than
+NOISE_DB; the budget itself is judged by the recipe's own measure. After a few kept steps
+the remaining layers are re-ranked from the latest trial's own errors; when single layers
+stop helping, steps grow to small groups. When that is not enough, the best candidate is
+tried with quantize_nodes' bias correction off, and, when activation ranges clip, with
+other range percentiles.
+
+The last trial is kept for the answer to "can 8 bits do it at all here?": every layer
+weights-only (8-bit weights, float compute). When the eight-bit kernels cannot reach the
+budget but that can, it is chosen and a one-line verdict says so; when neither can, the
+verdict says that too, instead of a row of silent trials.
 
 Each candidate is the same pipeline with changed params, so its unchanged prefix comes
-from the cache; it is evaluated by the pipeline's own `evaluate`, tracked as a nested
-MLflow run, and tabled in report.json with every decision.
+from the cache, and every stage after quantize_nodes (log_ranges included) runs on that
+candidate's own graph; it is evaluated by the pipeline's own `evaluate`, tracked as a
+nested MLflow run, and tabled in report.json with every decision.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -45,6 +56,9 @@ from orchestrator.plan import Node, Plan, chain_nodes
 from orchestrator.quantization import QUANTIZABLE_OPS, WEIGHT_OPS
 from orchestrator.recipe_models import Tune
 
+if TYPE_CHECKING:
+    from tensorflow.core.framework.graph_pb2 import GraphDef
+
 # Re-rank the remaining layers from the latest trial's errors after this many kept steps.
 RERANK_EVERY = 3
 # After this many steps in a row that did not help, revert twice as many layers per step...
@@ -54,6 +68,10 @@ MAX_GROUP = 4
 # A layer whose activations clip on more than this share of values makes range percentiles
 # worth trying.
 CLIPPING_WORTH_PERCENTILES = 0.01
+# A candidate must move the continuous measure (dB) at least this much to count as better.
+NOISE_DB = 0.05
+# Ops that follow a Conv2D/MatMul into one layer, in this order.
+LAYER_TAIL_OPS = ("BiasAdd", "Relu", "Relu6")
 
 WEIGHTS_ONLY = "weights_only"
 FLOAT = "float"
@@ -62,7 +80,7 @@ ACTION_WORDS = {WEIGHTS_ONLY: "weights-only 8-bit", FLOAT: "float"}
 
 @dataclass(frozen=True)
 class Settings:
-    """One candidate: layers computed in float from 8-bit weights, layers fully in float,
+    """One candidate: nodes computed in float from 8-bit weights, nodes fully in float,
     and the range percentile."""
 
     weights_only: tuple[str, ...] = ()
@@ -70,10 +88,10 @@ class Settings:
     percentile: float | None = None  # None: the recipe's own freeze_ranges setting
     no_bias_correction: bool = False  # True: quantize_nodes' bias correction turned off
 
-    def with_layers(self, layers: list[str], action: str) -> Settings:
-        weights_only = set(self.weights_only) - set(layers)
-        float_layers = set(self.float_layers) - set(layers)
-        (weights_only if action == WEIGHTS_ONLY else float_layers).update(layers)
+    def with_nodes(self, nodes: list[str], action: str) -> Settings:
+        weights_only = set(self.weights_only) - set(nodes)
+        float_layers = set(self.float_layers) - set(nodes)
+        (weights_only if action == WEIGHTS_ONLY else float_layers).update(nodes)
         return replace(self, weights_only=tuple(sorted(weights_only)),
                        float_layers=tuple(sorted(float_layers)))
 
@@ -81,6 +99,44 @@ class Settings:
         return {"weights_only": list(self.weights_only), "float": list(self.float_layers),
                 "percentile": self.percentile,
                 "bias_correction": False if self.no_bias_correction else None}
+
+
+@dataclass(frozen=True)
+class Layer:
+    """What the guard takes back as one: `name` (the weight op, or the lone op) and every
+    node of it."""
+
+    name: str
+    nodes: tuple[str, ...]
+    has_weights: bool
+
+
+def layers_of(graph: GraphDef, convertible: set[str]) -> list[Layer]:
+    """The convertible nodes as layers, weight layers first (graph order): a Conv2D/MatMul
+    takes the BiasAdd, then the Relu/Relu6, that are its only consumers; every other
+    convertible node is a layer of its own."""
+    consumers: dict[str, list[str]] = {}
+    for node in graph.node:
+        for inp in node.input:
+            consumers.setdefault(inp.split(":")[0].lstrip("^"), []).append(node.name)
+    ops = {n.name: n.op for n in graph.node}
+    taken: set[str] = set()
+    layers = []
+    for node in graph.node:
+        if node.name not in convertible or node.op not in WEIGHT_OPS:
+            continue
+        members, tail = [node.name], list(LAYER_TAIL_OPS)
+        while len(consumers.get(members[-1], [])) == 1:
+            follower = consumers[members[-1]][0]
+            if follower not in convertible or ops[follower] not in tail:
+                break
+            tail = tail[tail.index(ops[follower]) + 1:]
+            members.append(follower)
+        taken.update(members)
+        layers.append(Layer(node.name, tuple(members), True))
+    layers += [Layer(n.name, (n.name,), False) for n in graph.node
+               if n.name in convertible and n.name not in taken]
+    return layers
 
 
 @dataclass
@@ -101,12 +157,21 @@ class Trial:
     def ok(self) -> bool:
         return not self.violations and not self.failed
 
-    def badness(self) -> tuple[float, float, float]:
-        """Lower is better: how far from the budgets, then lost fidelity, then size."""
+    @property
+    def closeness(self) -> float:
+        """The continuous measure, higher is closer to float: the lowest logit SQNR over
+        the outputs (dB); without it, the fidelity in dB of lost share."""
         if self.failed:
-            return (float("inf"), float("inf"), float("inf"))
-        return (self.shortfall, -(self.metrics.get("fidelity") or 0.0),
-                float(self.size_bytes or 0))
+            return -math.inf
+        value = self.metrics.get("min_logit_sqnr_db")
+        if value is not None:
+            return float(value)
+        fidelity = self.metrics.get("fidelity")
+        return -math.inf if fidelity is None else -10 * math.log10(max(1 - fidelity, 1e-12))
+
+    def better_than(self, other: Trial) -> bool:
+        """Meets the budgets, or is closer to float than `other` by more than noise."""
+        return self.ok or self.closeness > other.closeness + NOISE_DB
 
     def layer_errors(self) -> list[dict[str, Any]]:
         for outcome in self.outcomes.values():
@@ -116,11 +181,13 @@ class Trial:
 
     def row(self) -> dict[str, Any]:
         errors = worst_first(self.layer_errors())
+        closeness = self.closeness
         return {"trial": self.index, "settings": self.settings.describe(),
                 "worst_layer": errors[0]["node"] if errors else None,
                 "accuracy": self.metrics.get("accuracy"),
                 "accuracy_drop": self.metrics.get("accuracy_drop"),
                 "fidelity": self.metrics.get("fidelity"), "quality": self.headline,
+                "logit_sqnr_db": round(closeness, 3) if math.isfinite(closeness) else None,
                 "shortfall": round(self.shortfall, 6), "size_bytes": self.size_bytes,
                 "meets_budgets": self.ok, "violations": self.violations,
                 "seconds": round(self.seconds, 3)}
@@ -189,24 +256,27 @@ def upstream_error(node: str, errors: Mapping[str, float],
     return worst
 
 
-def rank_layers(layer_errors: list[dict[str, Any]], graph_layers: list[str],
-                done: set[str], inputs_of: Mapping[str, list[str]] | None = None
-                ) -> list[str]:
-    """Layers still in 8 bits, worst first. With diagnostics: by the normalized MSE each
-    layer adds to what it was given (errors pile up downstream, so a layer after a bad one
-    looks bad too), then by its own; else in the given order (weight layers first)."""
-    if layer_errors:
-        errors = {row["node"]: row.get("nmse") or 0.0 for row in layer_errors}
+def rank_layers(layer_errors: list[dict[str, Any]], layers: list[Layer], done: set[str],
+                inputs_of: Mapping[str, list[str]] | None = None) -> list[Layer]:
+    """Layers still in 8 bits, worst first. With diagnostics: by the normalized MSE a layer
+    adds to what it was given (errors pile up downstream, so a layer after a bad one looks
+    bad too), then by its own, the worst node of the layer counting; layers without a
+    measured node keep their order after the measured ones. Else in the given order
+    (weight layers first)."""
+    remaining = [layer for layer in layers if layer.name not in done]
+    if not layer_errors:
+        return remaining
+    errors = {row["node"]: row.get("nmse") or 0.0 for row in layer_errors}
 
-        def added(row: dict[str, Any]) -> tuple[float, float]:
-            own = errors[row["node"]]
-            given = upstream_error(row["node"], errors, inputs_of or {})
-            return (max(own - given, 0.0), own)
+    def score(layer: Layer) -> tuple[bool, float, float]:
+        measured = [n for n in layer.nodes if n in errors]
+        if not measured:
+            return (False, 0.0, 0.0)
+        added = max(max(errors[n] - upstream_error(n, errors, inputs_of or {}), 0.0)
+                    for n in measured)
+        return (True, added, max(errors[n] for n in measured))
 
-        ranked = [row["node"] for row in sorted(layer_errors, key=added, reverse=True)]
-    else:
-        ranked = graph_layers
-    return [layer for layer in ranked if layer not in done]
+    return sorted(remaining, key=score, reverse=True)  # stable: ties keep their order
 
 
 class _Search:
@@ -225,13 +295,14 @@ class _Search:
         self.previous = plan.pipelines[parent][-1].id if parent and plan.pipelines[parent] \
             else None
         self.float_key = plan.final_float_key(parent)
-        self.weight_layers: set[str] = set()
+        self.layers: list[Layer] = []
         self.inputs_of: dict[str, list[str]] = {}  # float graph: node -> its data inputs
         self.prefix = ""
+        self.reserved = 0  # trials kept back for the weights-only answer
 
     @property
     def exhausted(self) -> bool:
-        return (len(self.trials) > self.tune.max_trials
+        return (len(self.trials) > self.tune.max_trials - self.reserved
                 or time.monotonic() - self.started > self.tune.timeout_s)
 
     def measure(self, index: int, settings: Settings, nodes: list[Node],
@@ -252,8 +323,9 @@ class _Search:
                      headline, size, seconds)
 
     def best(self) -> Trial:
-        return next((t for t in self.trials if t.ok), None) or min(self.trials,
-                                                                  key=Trial.badness)
+        """The first candidate that meets the budgets, else the one closest to float."""
+        return next((t for t in self.trials if t.ok), None) or max(
+            self.trials, key=lambda t: t.closeness)
 
     def attempt(self, settings: Settings, change: str) -> Trial | None:
         """Run one candidate (None when it is the same as one already tried)."""
@@ -276,7 +348,10 @@ class _Search:
         self.trials.append(trial)
         if self.on_trial is not None:
             best = self.best()
-            self.on_trial(self.name, {**trial.row(), "metrics": trial.metrics,
+            row = trial.row()
+            quality = row["quality"] + ("" if row["logit_sqnr_db"] is None else
+                                        f", logits {row['logit_sqnr_db']:.1f} dB")
+            self.on_trial(self.name, {**row, "quality": quality, "metrics": trial.metrics,
                                       "of": self.tune.max_trials, "change": change,
                                       "best": f"trial {best.index}: {best.headline}"})
         return trial
@@ -288,21 +363,27 @@ class _Search:
             "trial": None if trial is None else trial.index,
             "quality_before": before.headline,
             "quality_after": None if trial is None else trial.headline,
+            "logit_sqnr_db_before": _finite(before.closeness),
+            "logit_sqnr_db_after": None if trial is None else _finite(trial.closeness),
             "size_after_bytes": None if trial is None else trial.size_bytes,
             "outcome": outcome})
+
+    def try_variation(self, current: Trial, settings: Settings, change: str, action: str
+                      ) -> Trial:
+        """One candidate that is not about layers; the better of it and `current`."""
+        trial = self.attempt(settings, change)
+        if trial is None:
+            return current
+        better = trial.better_than(current)
+        self.decide([], action, current, trial, "meets budgets" if trial.ok else
+                    "kept: closer to float" if better else "stepped back: no closer")
+        return trial if better else current
 
     def try_without_bias_correction(self, current: Trial) -> Trial:
         """Bias correction shifts biases by a mean measured on float activations; where
         activation rounding dominates it can cost more than it saves: measure it off."""
-        trial = self.attempt(replace(current.settings, no_bias_correction=True),
-                             "bias correction off")
-        if trial is None:
-            return current
-        better = trial.ok or trial.badness()[:2] < current.badness()[:2]
-        self.decide([], "bias correction off", current, trial,
-                    "meets budgets" if trial.ok else "kept: better" if better
-                    else "stepped back: no better")
-        return trial if better else current
+        return self.try_variation(current, replace(current.settings, no_bias_correction=True),
+                                  "bias correction off", "bias correction off")
 
     def try_percentiles(self, current: Trial) -> Trial:
         errors = current.layer_errors()
@@ -310,94 +391,123 @@ class _Search:
         if clipping <= CLIPPING_WORTH_PERCENTILES:
             return current
         for percentile in self.tune.percentiles:
-            if self.exhausted:
+            if self.exhausted or current.ok:
                 break
-            trial = self.attempt(replace(current.settings, percentile=percentile),
-                                 f"range percentile {percentile:g}")
-            if trial is None:
-                continue
-            better = trial.badness() < current.badness()
-            self.decide([], f"percentile {percentile:g}", current, trial,
-                        "meets budgets" if trial.ok else "kept: better" if better
-                        else "stepped back: no better")
-            if better:
-                current = trial
-            if trial.ok:
-                break
+            current = self.try_variation(
+                current, replace(current.settings, percentile=percentile),
+                f"range percentile {percentile:g}", f"percentile {percentile:g}")
         return current
 
-    def revert_layers(self, current: Trial, graph_layers: list[str],
-                      has_quantize_weights: bool) -> None:
+    def try_weights_only_everywhere(self, best: Trial) -> Trial | None:
+        """The answer to "can 8-bit weights do it here at all": every layer computes in
+        float from its 8-bit weights (quantize_nodes converts nothing)."""
+        settings = Settings(
+            weights_only=tuple(sorted(n for layer in self.layers if layer.has_weights
+                                      for n in layer.nodes)),
+            float_layers=tuple(sorted(n for layer in self.layers if not layer.has_weights
+                                      for n in layer.nodes)))
+        trial = self.attempt(settings, "every layer -> weights-only 8-bit")
+        if trial is not None:
+            self.decide([layer.name for layer in self.layers], "every layer weights-only", best,
+                        trial, "meets budgets" if trial.ok else "no 8-bit candidate meets")
+        return trial
+
+    def revert_layers(self, current: Trial, weights_only_possible: bool) -> None:
         """Passes over the layers still in 8 bits, worst first. A pass ends when its queue
         is used up or after RERANK_EVERY kept steps (the errors moved: rank again); a pass
         in which nothing helped doubles the group size for the next."""
         reverted: set[str] = set()
         group = 1
         while not current.ok and not self.exhausted:
-            queue = rank_layers(current.layer_errors(), graph_layers, reverted,
-                                self.inputs_of)
+            queue = rank_layers(current.layer_errors(), self.layers, reverted, self.inputs_of)
             if not queue:
                 return
             size, kept, stalled = len(queue), 0, 0
             while queue and not current.ok and not self.exhausted and kept < RERANK_EVERY:
                 layers, queue = queue[:group], queue[group:]
-                trial = self.step(current, layers, has_quantize_weights
-                                  and bool(set(layers) & self.weight_layers))
+                trial = self.step(current, layers, weights_only_possible
+                                  and any(layer.has_weights for layer in layers))
                 if trial is None:
                     stalled += 1
                     if stalled >= STALLED_STEPS:  # single layers do not help: take more
                         group, stalled = max(group, min(group * 2, MAX_GROUP)), 0
                     continue
                 current, kept, stalled = trial, kept + 1, 0
-                reverted.update(layers)
+                reverted.update(layer.name for layer in layers)
             if kept == 0:
                 if group >= size:
                     return  # even all of them at once did not help
                 group *= 2  # the next pass takes bigger groups
 
     def all_weights_float(self, settings: Settings) -> bool:
-        return bool(self.weight_layers) and self.weight_layers <= {
-            *settings.weights_only, *settings.float_layers}
+        weights = {n for layer in self.layers if layer.has_weights for n in layer.nodes}
+        return bool(weights) and weights <= set(settings.float_layers)
 
-    def short_names(self, layers: list[str], limit: int = 3) -> str:
+    def short_names(self, layers: list[Layer], limit: int = 3) -> str:
         """Layer names for a console line, without the prefix all layers share."""
-        names = [layer[len(self.prefix):] for layer in layers[:limit]]
+        names = [layer.name[len(self.prefix):] for layer in layers[:limit]]
         return ", ".join(names) + (f" and {len(layers) - limit} more"
                                    if len(layers) > limit else "")
 
-    def step(self, current: Trial, layers: list[str], weights_only_first: bool
+    def step(self, current: Trial, layers: list[Layer], weights_only_first: bool
              ) -> Trial | None:
-        """Take `layers` back from 8 bits (weights-only first when they have weights); the
-        trial that was better than `current`, or None when none was (stepped back)."""
+        """Take `layers` back from 8 bits (weights-only first when some have weights: a
+        weight-less layer in the group goes float); the trial that was closer to float
+        than `current`, or None when none was (stepped back)."""
+        nodes = [n for layer in layers for n in layer.nodes]
         for action in ([WEIGHTS_ONLY, FLOAT] if weights_only_first else [FLOAT]):
             if self.exhausted:
                 return None
-            settings = current.settings.with_layers(layers, action)
+            settings = current.settings
+            for layer in layers:
+                settings = settings.with_nodes(
+                    list(layer.nodes), action if layer.has_weights else FLOAT)
             if self.all_weights_float(settings):
                 return None  # that is the float pipeline, not an 8-bit candidate
             change = f"{self.short_names(layers)} -> {ACTION_WORDS[action]}"
             trial = self.attempt(settings, change)
             if trial is None:
                 continue
-            if trial.ok or trial.badness()[:2] < current.badness()[:2]:
-                self.decide(layers, action, current, trial,
-                            "meets budgets" if trial.ok else "kept: better")
+            if trial.better_than(current):
+                self.decide(nodes, action, current, trial,
+                            "meets budgets" if trial.ok else "kept: closer to float")
                 return trial
-            self.decide(layers, action, current, trial,
-                        "failed" if trial.failed else "stepped back: no better")
+            self.decide(nodes, action, current, trial,
+                        "failed" if trial.failed else "stepped back: no closer")
         return None
+
+
+def _finite(value: float) -> float | None:
+    return round(value, 3) if math.isfinite(value) else None
 
 
 @dataclass
 class GuardResult:
     """The pipeline's nodes and outcomes as the guard chose them, its trials table (trial 0
-    is the recipe's own settings) and its decisions. The caller puts the nodes into its
-    plan."""
+    is the recipe's own settings), its decisions, and a one-line verdict when the search
+    ended without a full 8-bit candidate that meets the budgets. The caller puts the nodes
+    into its plan."""
 
     nodes: list[Node]
     outcomes: dict[str, NodeOutcome]
     trials: list[dict[str, Any]]
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    verdict: str | None = None
+
+
+def _verdict(name: str, search: _Search, best_full: Trial, everywhere: Trial | None) -> str:
+    """What the search found, in one line, when no full 8-bit candidate met the budgets."""
+    full = (f"the GraphDef eight-bit kernels cannot reach the budget here (closest: trial "
+            f"{best_full.index}, {best_full.headline}, logits {best_full.closeness:.1f} dB)")
+    if everywhere is None:
+        return (f"{name}: {full}; add quantize_weights to the pipeline to let the guard try "
+                "weights-only 8-bit")
+    if everywhere.ok:
+        return (f"{name}: {full}; weights-only 8-bit (8-bit weights, float compute) can: "
+                f"{everywhere.headline}, {everywhere.size_bytes:,} bytes (trial "
+                f"{everywhere.index}), chosen")
+    return (f"{name}: {full}, and weights-only 8-bit cannot either ({everywhere.headline}): "
+            "no 8-bit variant of this model meets the budget; keep it in float")
 
 
 def guard_pipeline(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, NodeOutcome],
@@ -420,14 +530,14 @@ def guard_pipeline(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, 
     allowed = getattr(quantize.params, "ops", None) or QUANTIZABLE_OPS
     excluded = set(getattr(quantize.params, "exclude_nodes", []) or [])
     excluded |= {row["node"] for row in outcomes[quantize.id].info.get("float_nodes") or []}
-    convertible = [n for n in graph.node if n.op in allowed and n.name not in excluded]
-    weight_layers = [n.name for n in convertible if n.op in WEIGHT_OPS]
-    graph_layers = [*weight_layers, *(n.name for n in convertible if n.op not in WEIGHT_OPS)]
-    search.weight_layers, search.prefix = set(weight_layers), common_prefix(graph_layers)
+    convertible = {n.name for n in graph.node if n.op in allowed and n.name not in excluded}
+    search.layers = layers_of(graph, convertible)
+    search.prefix = common_prefix([layer.name for layer in search.layers])
     search.inputs_of = {n.name: [i.split(":")[0] for i in n.input if not i.startswith("^")]
                         for n in graph.node}
-    search.revert_layers(baseline, graph_layers,
-                         any(n.stage == "quantize_weights" for n in nodes))
+    weights_only_possible = any(n.stage == "quantize_weights" for n in nodes)
+    search.reserved = 1 if weights_only_possible else 0
+    search.revert_layers(baseline, weights_only_possible)
     best = search.best()
     if not best.ok and getattr(quantize.params, "bias_correction", False) \
             and not search.exhausted:  # layers alone did not do it
@@ -435,10 +545,18 @@ def guard_pipeline(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, 
     if not best.ok:  # maybe the ranges clip
         search.try_percentiles(best)
     best = search.best()
+    verdict = None
+    if not best.ok:
+        everywhere = None
+        if weights_only_possible and time.monotonic() - search.started <= tune.timeout_s:
+            search.reserved = 0
+            everywhere = search.try_weights_only_everywhere(best)
+        verdict = _verdict(name, search, best, everywhere)
+        best = search.best()
     rows = [t.row() for t in search.trials]
     for row in rows:
         row["chosen"] = row["trial"] == best.index
-    return GuardResult(best.nodes, best.outcomes, rows, search.decisions)
+    return GuardResult(best.nodes, best.outcomes, rows, search.decisions, verdict)
 
 
 def apply_guard(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, NodeOutcome],

@@ -82,6 +82,17 @@ def constant_values(graph_def: GraphDef, tensors: Mapping[str, str]) -> dict[str
     return {k: np.asarray(v, np.float32) for k, v in zip(keys, values, strict=True)}
 
 
+def _op(nodes: list, name: str, op_type: str, inputs: list[str], **types: int) -> str:
+    """Append a NodeDef with type attrs to `nodes`; returns its name."""
+    from tensorflow.core.framework import node_def_pb2
+
+    node = node_def_pb2.NodeDef(name=name, op=op_type, input=inputs)
+    for key, value in types.items():
+        node.attr[key].type = value
+    nodes.append(node)
+    return name
+
+
 def _tensor(name: str) -> str:
     return name if ":" in name else f"{name}:0"
 
@@ -91,8 +102,6 @@ def fuse(graph_def: GraphDef, biases: Mapping[str, np.ndarray]) -> list[str]:
     BiasAdd F in `biases` (F -> its float bias values) into the accumulator add, in place.
     Returns the BiasAdds fused. Nodes left unused (the old Requantize, its range, the 8-bit
     bias) are for the caller's prune."""
-    from tensorflow.core.framework import node_def_pb2
-
     from orchestrator.quantization import make_const
 
     index = GraphIndex.build(graph_def)
@@ -112,20 +121,14 @@ def fuse(graph_def: GraphDef, biases: Mapping[str, np.ndarray]) -> list[str]:
         # bias / L = bias * (2^32 - 1) / (max - min): the constant factor goes in the bias
         scaled = (np.asarray(biases[float_name], np.float64) * _ACCUMULATOR_STEPS)
         nodes = [make_const(f"{name}/bias", scaled.astype(np.float32))]
-
-        def op(suffix: str, op_type: str, inputs: list[str], **types: int) -> str:
-            node = node_def_pb2.NodeDef(name=f"{name}/{suffix}", op=op_type, input=inputs)
-            for key, value in types.items():
-                node.attr[key].type = value
-            nodes.append(node)
-            return node.name
-
-        span = op("span", "Sub", [hi, lo], T=_DT_FLOAT)
-        steps = op("steps", "RealDiv", [f"{name}/bias", span], T=_DT_FLOAT)
+        span = _op(nodes, f"{name}/span", "Sub", [hi, lo], T=_DT_FLOAT)
+        steps = _op(nodes, f"{name}/steps", "RealDiv", [f"{name}/bias", span], T=_DT_FLOAT)
         # Cast truncates: at most one accumulator step, 1/128 of an 8-bit step
-        steps_int = op("steps_int", "Cast", [steps], SrcT=_DT_FLOAT, DstT=_DT_INT32)
-        accumulator = op("acc", "Bitcast", [f"{linear.name}:0"], T=_DT_QINT32, type=_DT_INT32)
-        total = op("sum", "AddV2", [accumulator, steps_int], T=_DT_INT32)
+        steps_int = _op(nodes, f"{name}/steps_int", "Cast", [steps], SrcT=_DT_FLOAT,
+                        DstT=_DT_INT32)
+        accumulator = _op(nodes, f"{name}/acc", "Bitcast", [f"{linear.name}:0"],
+                          T=_DT_QINT32, type=_DT_INT32)
+        total = _op(nodes, f"{name}/sum", "AddV2", [accumulator, steps_int], T=_DT_INT32)
         bias_add.Clear()
         bias_add.name, bias_add.op = name, "Bitcast"
         bias_add.input.append(total)

@@ -195,6 +195,12 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
             if name in report["variants"]:
                 report["variants"][name]["trials"] = guarded.trials
                 report["variants"][name]["guard_decisions"] = guarded.decisions
+                if guarded.verdict:  # the search's answer, where the console shows warnings
+                    report["variants"][name]["guard_verdict"] = guarded.verdict
+                    report["variants"][name].setdefault("warnings", []).append(
+                        guarded.verdict)
+                    logging.getLogger("orchestrator.guard").warning(
+                        guarded.verdict, extra=NOT_ON_CONSOLE)
         write_outputs(out_dir, plan, session.data, outcomes, report)
         registry = tracker.finish(report, out_dir, loaded.path,
                                   register=loaded.recipe.register_candidate)

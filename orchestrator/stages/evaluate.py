@@ -16,6 +16,13 @@ the source's values:
   flattened tensors) and `max_abs_error.<output>`.
 - probabilities (not class scores, every source value in [0, 1], e.g. sigmoid heads):
   `threshold_agreement.<output>`, the fraction of values on the same side of 0.5.
+- every float output: `logit_sqnr_db.<output>`, the SQNR in the domain before the output's
+  squashing, where a small move is still visible: the logits recovered from softmax rows
+  (log-probabilities, centred per row) or from sigmoid probabilities (log(p / (1 - p))),
+  the values themselves otherwise. Softmax saturates: a probability SQNR or a top-1
+  agreement hardly moves while the logits drift, so this is what the accuracy guard ranks
+  its candidates by. Softmax rows also get `kl_divergence.<output>`, the mean
+  KL(source || this) in nats.
 
 Across outputs:
 - `accuracy`: top-1 agreement with the labels of the first class output; null without
@@ -25,6 +32,7 @@ Across outputs:
   lowest over its outputs of 1 - sum (out - ref)^2 / sum ref^2 (the share of the source's
   signal energy kept, i.e. 1 - 10^(-SQNR/10)): 0.99 at 20 dB, 0.999 at 30 dB.
 - `min_sqnr_db`: the lowest SQNR of the outputs that are not class scores.
+- `min_logit_sqnr_db`: the lowest `logit_sqnr_db` over the outputs.
 - `max_abs_diff`: the largest |out - ref| over every output.
 
 `info["outputs"]` tables them per output (report.json: the variant's `outputs`).
@@ -55,7 +63,9 @@ CLASS_SCORES, CLASS_INDICES, PROBABILITIES, VALUES = (
 CLASS_KINDS = (CLASS_SCORES, CLASS_INDICES)
 # per-output metrics, keyed `<metric>.<output>`; metric names hold no "."
 OUTPUT_METRICS = ("top1_agreement", "sqnr_db", "cosine", "max_abs_error",
-                  "threshold_agreement")
+                  "threshold_agreement", "logit_sqnr_db", "kl_divergence")
+# probabilities are clipped this far from 0 and 1 before taking logs
+PROBABILITY_EPSILON = 1e-7
 
 
 class Params(StageParams):
@@ -119,6 +129,9 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
                  if r["kind"] not in CLASS_KINDS and "sqnr_db" in r]
         if sqnrs:
             info["min_sqnr_db"] = min(sqnrs)
+        logit_sqnrs = [r["logit_sqnr_db"] for r, _, _ in compared if "logit_sqnr_db" in r]
+        if logit_sqnrs:
+            info["min_logit_sqnr_db"] = min(logit_sqnrs)
         if info["accuracy"] is not None and references[labelled] is not None:
             info["source_accuracy"] = top1_accuracy(references[labelled], data.labels)
             info["accuracy_drop"] = round(info["source_accuracy"] - info["accuracy"], 6)
@@ -209,7 +222,41 @@ def compare(outputs: np.ndarray, reference: np.ndarray, kind: str) -> dict[str, 
         figures["max_abs_error"] = max_abs_diff(outputs, reference)
     if kind == PROBABILITIES:
         figures["threshold_agreement"] = threshold_agreement(outputs, reference)
+    if kind != CLASS_INDICES:
+        figures["logit_sqnr_db"] = sqnr_db(logits(outputs, reference, kind),
+                                           logits(reference, reference, kind))
+    if kind == CLASS_SCORES and _is_softmax(reference):
+        figures["kl_divergence"] = kl_divergence(outputs, reference)
     return figures
+
+
+def _is_softmax(values: np.ndarray) -> bool:
+    values = np.asarray(values)
+    return (values.size > 0 and float(values.min()) >= 0.0 and float(values.max()) <= 1.0
+            and np.allclose(values.sum(axis=1), 1.0, atol=ROW_SUM_TOLERANCE))
+
+
+def logits(values: np.ndarray, reference: np.ndarray, kind: str) -> np.ndarray:
+    """`values` in the domain before their squashing, judged by the `reference`'s kind:
+    softmax rows -> log-probabilities centred per row (the logits, up to the constant
+    softmax ignores); sigmoid probabilities -> log(p / (1 - p)); anything else as it is
+    (logit rows centred per row, since softmax ignores a per-row constant)."""
+    values = np.asarray(values, np.float64)
+    if kind == CLASS_SCORES:
+        if _is_softmax(reference):
+            values = np.log(np.clip(values, PROBABILITY_EPSILON, 1.0))
+        return values - values.mean(axis=1, keepdims=True)
+    if kind == PROBABILITIES:
+        p = np.clip(values, PROBABILITY_EPSILON, 1.0 - PROBABILITY_EPSILON)
+        return np.log(p) - np.log1p(-p)
+    return values
+
+
+def kl_divergence(outputs: np.ndarray, reference: np.ndarray) -> float:
+    """Mean over samples of KL(reference || outputs), in nats, of softmax rows."""
+    p = np.clip(np.asarray(reference, np.float64), PROBABILITY_EPSILON, 1.0)
+    q = np.clip(np.asarray(outputs, np.float64), PROBABILITY_EPSILON, 1.0)
+    return float(np.mean(np.sum(p * (np.log(p) - np.log(q)), axis=1))) if len(p) else 0.0
 
 
 def is_class_scores(outputs: np.ndarray) -> bool:

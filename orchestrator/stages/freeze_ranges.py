@@ -6,6 +6,15 @@ model's metadata (`min_max_log`). For each node it sorts the logged minima and m
 takes the `min_percentile`-th lowest minimum and the `max_percentile`-th highest maximum,
 so that rare outliers do not stretch the range. Constant ranges run faster and let
 accelerators run the graph; accuracy must be measured afterwards on the user's own data.
+The log's lines for the QuantizeV2 ops whose range a Min/Max computes at run time (the
+float-to-8-bit boundaries, logged by log_ranges) are frozen here by the same rule, into
+constants that replace the Min/Max: every sample then quantizes the same in any batch.
+Every frozen range is then nudged, as TFLite nudges its ranges, so that zero falls exactly
+on one of its 256 steps (its width kept): TF's Requantize computes round(x * s - min * s)
+while every consumer reads the result on the grid whose zero is round(-min * s), so with
+an arbitrary range each requantized tensor carries a constant offset of up to half a step,
+set by the range's last bits, that the next layers multiply up. That made the outputs of
+two candidate graphs with nearly the same ranges differ far more than their layers did.
 The log is dropped from the metadata once its ranges are frozen (ranges.log, written by
 log_ranges, keeps it).
 
@@ -22,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+import numpy as np
 from pydantic import Field
 
 from orchestrator import quantization as q
@@ -127,6 +137,67 @@ def _flag_warning(bad: list[dict], names: list[str]) -> str:
             "guard (quantize_nodes: {guard: true}) takes such layers back from 8 bits")
 
 
+def nudged_range(lo: float, hi: float) -> tuple[float, float]:
+    """(min, max) of the same width (at least including zero) whose zero is exactly one of
+    the 256 steps: min = -zero_point * step."""
+    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+    if not hi - lo > 0.0:
+        return lo, hi
+    step = (hi - lo) / 255.0
+    zero_point = min(max(round(-lo / step), 0), 255)
+    lo = -zero_point * step
+    return float(np.float32(lo)), float(np.float32(lo + 255.0 * step))
+
+
+def nudge_frozen_ranges(graph_def: GraphDef) -> int:
+    """Nudge (nudged_range) the constant output ranges of every Requantize and QuantizeV2,
+    in place; returns how many ranges."""
+    import tensorflow as tf
+
+    from orchestrator.graph_rewrite import GraphIndex, set_const_value
+
+    index = GraphIndex.build(graph_def)
+    pairs = {(n.input[3], n.input[4]) for n in graph_def.node
+             if n.op == "Requantize" and len(n.input) >= 5}
+    pairs |= {(n.input[1], n.input[2]) for n in graph_def.node
+              if n.op == "QuantizeV2" and len(n.input) >= 3}
+    count = 0
+    for lo_name, hi_name in sorted(pairs):
+        lo_node, hi_node = index.resolve_const(lo_name), index.resolve_const(hi_name)
+        if lo_node is None or hi_node is None or lo_node is hi_node \
+                or lo_node.attr["dtype"].type != tf.float32.as_datatype_enum:
+            continue
+        lo, hi = nudged_range(float(tf.make_ndarray(lo_node.attr["value"].tensor)),
+                              float(tf.make_ndarray(hi_node.attr["value"].tensor)))
+        set_const_value(lo_node, np.float32(lo))
+        set_const_value(hi_node, np.float32(hi))
+        count += 1
+    return count
+
+
+def freeze_quantize_ranges(graph_def: GraphDef,
+                           grouped: dict[str, tuple[list[float], list[float]]],
+                           min_percentile: float, max_percentile: float
+                           ) -> tuple[GraphDef, int]:
+    """The run-time-ranged QuantizeV2 nodes that have log lines get constant ranges (the
+    percentile rule, widened to include zero so that zero stays exact); a new graph and
+    how many. Their Min/Max are left for pruning."""
+    from orchestrator.graph_rewrite import copy_graph
+    from orchestrator.stages.log_ranges import run_time_quantizations
+
+    graph = copy_graph(graph_def)
+    targets = [name for name in run_time_quantizations(graph) if name in grouped]
+    nodes = {n.name: n for n in graph.node}
+    for name in targets:
+        lo, hi = q.frozen_range(*grouped[name], min_percentile, max_percentile)
+        lo, hi = min(lo, 0.0), max(hi, 0.0)
+        consts = [q.make_const(f"{name}/frozen_{end}", np.float32(value))
+                  for end, value in (("min", lo), ("max", hi))]
+        graph.node.extend(consts)
+        nodes[name].input[1], nodes[name].input[2] = consts[0].name, consts[1].name
+    return graph, len(targets)
+
+
 def _freeze(artifact: ModelArtifact, params: Params, log: str, user_log: str | None
             ) -> StageResult:
     # A log the user supplied that does not fit is bad input (exit 2); our own log not
@@ -152,19 +223,30 @@ def _freeze(artifact: ModelArtifact, params: Params, log: str, user_log: str | N
         raise mismatch(f"the range log has no lines for RequantizationRange nodes "
                          f"{_short(missing)}; run log_ranges on this graph")
 
+    # TF's transform takes only RequantizationRange lines; the QuantizeV2 ones are ours
+    others = logged - set(expected)
+    tf_log = log if not others else "\n".join(
+        line for line in log.split("\n")
+        if not any(r.node in others for r in q.parse_range_log(line)))
     result = freeze_with_tf(copy_graph(artifact.graph_def), artifact.input_names,
-                            list(artifact.outputs), log, params.min_percentile,
+                            list(artifact.outputs), tf_log, params.min_percentile,
                             params.max_percentile)
     left = [n.name for n in result.node if n.op == "RequantizationRange"]
     if left:
         raise RuntimeError(f"freeze_requantization_ranges left {_short(left)} in the graph")
-    rows = q.range_table(q.group_ranges(records), params.min_percentile,
-                         params.max_percentile)
+    grouped = q.group_ranges(records)
+    result, inputs_frozen = freeze_quantize_ranges(result, grouped, params.min_percentile,
+                                                   params.max_percentile)
+    nudged = nudge_frozen_ranges(result)
+    result = q.prune(result, artifact.input_names, list(artifact.outputs))
+    rows = q.range_table(grouped, params.min_percentile, params.max_percentile)
     # The log has served: drop it, so that it does not travel on with every later model.
     metadata = {k: v for k, v in artifact.metadata.items() if k != "min_max_log"}
     return StageResult(
         artifact=dataclasses.replace(artifact, graph_def=result, metadata=metadata),
-        metrics={"frozen_ranges": float(len(expected))},
+        metrics={"frozen_ranges": float(len(expected)),
+                 "frozen_input_ranges": float(inputs_frozen),
+                 "ranges_nudged": float(nudged)},
         info={"ranges": rows})
 
 

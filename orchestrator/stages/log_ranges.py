@@ -16,6 +16,14 @@ layers still quantize with the batch's range, so values differ slightly from tru
 runs: under 1% of the frozen range on the digits model; batch_size=1 is the classic run.)
 Without it there is one line per node per run (per batch).
 
+The activations quantize_nodes quantizes from float (the model input, what a float op such
+as a depthwise conv or a layer kept in float hands to an eight-bit one) get their range at
+run time too: a QuantizeV2 fed by a Min and a Max over the whole tensor, that is over the
+whole batch. Those are logged the same way, one line per sample under the QuantizeV2's
+name, so that `freeze_ranges` freezes them as well: the 8-bit graph then computes each
+sample the same whatever batch it runs in, as a phone's batch of one does, and every
+boundary between float and eight bits gets a calibrated range.
+
 Files: `ranges.log` (the log) and `ranges.csv` (per node: count, min, max and the range
 `freeze_ranges` would freeze at `min_percentile`/`max_percentile`). The log also travels
 in the model's metadata (`min_max_log`) to `freeze_ranges`. The model is passed on
@@ -69,12 +77,27 @@ class _Probe:
     fetches: list[str]          # per sample: input_min, input_max, sample mins, sample maxs
     prefix: str                 # the Print node's message: ";<node>__print__;__requant_min_max:"
     per_sample: bool
+    quantize: bool = False      # a QuantizeV2's run-time range (else a RequantizationRange)
     fallback_reason: str | None = None
     mins: list[np.ndarray] = field(default_factory=list)
     maxs: list[np.ndarray] = field(default_factory=list)
 
 
-def _with_probes(logged: GraphDef, names: list[str], per_sample: bool
+def run_time_quantizations(graph_def: GraphDef) -> list[str]:
+    """QuantizeV2 nodes whose range a Min and a Max compute at run time (from a float
+    tensor), in graph order."""
+    nodes = {n.name: n for n in graph_def.node}
+
+    def op_of(name: str) -> str | None:
+        node = nodes.get(name.split(":")[0].lstrip("^"))
+        return None if node is None else node.op
+
+    return [n.name for n in graph_def.node if n.op == "QuantizeV2" and len(n.input) >= 3
+            and op_of(n.input[1]) == "Min" and op_of(n.input[2]) == "Max"]
+
+
+def _with_probes(logged: GraphDef, names: list[str], per_sample: bool,
+                 quantize_nodes: frozenset[str] = frozenset()
                  ) -> tuple[GraphDef, str, list[_Probe]]:
     """The logged graph plus what to fetch: every range in one tensor, and per sample.
 
@@ -102,6 +125,27 @@ def _with_probes(logged: GraphDef, names: list[str], per_sample: bool
 
     probes, packed = [], []
     for k, name in enumerate(names):
+        if name in quantize_nodes:  # a run-time QuantizeV2 range: Min/Max of a float tensor
+            data, in_min, in_max = nodes[name].input[:3]
+            packed += [in_min, in_max]
+            fetches = []
+            if per_sample:
+                base = f"{scope}/{k}"
+                rank = add(f"{base}/rank", "Rank", [data], T=types_pb2.DT_FLOAT)
+                axes = add(f"{base}/axes", "Range", [f"{scope}/one", rank, f"{scope}/one"],
+                           Tidx=types_pb2.DT_INT32)
+                for reduce in ("Min", "Max"):
+                    node = node_def_pb2.NodeDef(name=f"{base}/{reduce.lower()}", op=reduce,
+                                                input=[data, axes])
+                    node.attr["T"].type = types_pb2.DT_FLOAT
+                    node.attr["Tidx"].type = types_pb2.DT_INT32
+                    node.attr["keep_dims"].b = False
+                    graph.node.append(node)
+                fetches = [f"{base}/min", f"{base}/max"]
+            probes.append(_Probe(name, k, [tensor_name(f) for f in fetches],
+                                 f";{name}{q.PRINT_SUFFIX};{q.LOG_MESSAGE}", per_sample,
+                                 quantize=True))
+            continue
         prnt = nodes.get(f"{name}{q.PRINT_SUFFIX}")
         prefix = prnt.attr["message"].s.decode() if prnt is not None else \
             f";{name}{q.PRINT_SUFFIX};{q.LOG_MESSAGE}"
@@ -199,12 +243,18 @@ def _diagnose(runner: GraphRunner, names: list[str], batch: np.ndarray, first_sa
 def _sample_ranges(probe: _Probe, run_min: np.float32, run_max: np.float32,
                    values: list[Any], count: int) -> tuple[np.ndarray, np.ndarray] | None:
     """Per-sample (min, max) as RequantizationRange computes them, or None if impossible."""
-    in_min, in_max, s_min, s_max = values
+    if probe.quantize:
+        s_min, s_max = values
+    else:
+        in_min, in_max, s_min, s_max = values
     if np.ndim(s_min) != 1 or len(s_min) != count:
         probe.fallback_reason = "its first dimension is not the batch"
         return None
-    lo = np.minimum(np.float32(0), q.qint32_to_float(s_min, in_min, in_max))
-    hi = q.qint32_to_float(s_max, in_min, in_max)
+    if probe.quantize:  # the float tensor's own values, as its Min/Max reduce them
+        lo, hi = np.asarray(s_min, np.float32), np.asarray(s_max, np.float32)
+    else:
+        lo = np.minimum(np.float32(0), q.qint32_to_float(s_min, in_min, in_max))
+        hi = q.qint32_to_float(s_max, in_min, in_max)
     finite = np.isfinite(run_min) and np.isfinite(run_max)
     if finite and (lo.min() != run_min or hi.max() != run_max):
         probe.fallback_reason = "per-sample ranges disagree with the batch range"
@@ -262,7 +312,9 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
     # Per-sample reductions only pay when a run holds several samples.
     fixed = _fixed_batch_size(artifact)
     per_sample = params.per_sample and (fixed or params.batch_size) > 1
-    graph, packed, probes = _with_probes(logged, names, per_sample)
+    quantizations = run_time_quantizations(logged)
+    graph, packed, probes = _with_probes(logged, names + quantizations, per_sample,
+                                         frozenset(quantizations))
     with GraphRunner(graph, artifact.input_names, artifact.outputs) as runner:
         fetches = [packed] + [t for p in probes for t in p.fetches]
         for chunk in ctx.representative(params.samples, params.batch_size):
@@ -309,7 +361,8 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
     return StageResult(
         artifact=artifact.replace(graph_def=copy_graph(artifact.graph_def),
                                   metadata={"min_max_log": text}),
-        metrics={"ranges_nodes": float(len(names)), "ranges_samples": float(seen),
+        metrics={"ranges_nodes": float(len(names)),
+                 "input_ranges_nodes": float(len(quantizations)), "ranges_samples": float(seen),
                  "ranges_records": float(len(lines))},
         info={"ranges": rows},
         files={"ranges.log": text.encode(), "ranges.csv": q.table_csv(rows).encode()},

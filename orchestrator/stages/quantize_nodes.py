@@ -328,7 +328,8 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
     if params.bias_correction:  # only for the ops that will compute with 8-bit weights
         from orchestrator.bias_correction import correct_for_stage
 
-        corrected = correct_for_stage(graph, artifact, ctx, lambda node: converts.get(node.name, False))
+        corrected = correct_for_stage(graph, artifact, ctx,
+                                      lambda node: converts.get(node.name, False))
     # the (corrected) biases go into the accumulator, not QuantizedBiasAdd: integer_bias
     biases = integer_bias.constant_values(graph, integer_bias.biases_to_fuse(graph, converts))
     hidden = []  # the user's exclusions (the kernel-limited nodes are in plan.limited)
