@@ -73,6 +73,9 @@ NOISE_DB = 0.05
 # Ops that follow a Conv2D/MatMul into one layer, in this order.
 LAYER_TAIL_OPS = ("BiasAdd", "Relu", "Relu6")
 
+# What a candidate without any eight-bit op leaves out: quantize_weights stays.
+EIGHT_BIT_OP_STAGES = ("quantize_nodes", "log_ranges", "freeze_ranges")
+
 WEIGHTS_ONLY = "weights_only"
 FLOAT = "float"
 ACTION_WORDS = {WEIGHTS_ONLY: "weights-only 8-bit", FLOAT: "float"}
@@ -87,6 +90,8 @@ class Settings:
     float_layers: tuple[str, ...] = ()
     percentile: float | None = None  # None: the recipe's own freeze_ranges setting
     no_bias_correction: bool = False  # True: quantize_nodes' bias correction turned off
+    # False: no eight-bit op at all (quantize_nodes and its range stages left out)
+    eight_bit_ops: bool = True
 
     def with_nodes(self, nodes: list[str], action: str) -> Settings:
         weights_only = set(self.weights_only) - set(nodes)
@@ -98,7 +103,8 @@ class Settings:
     def describe(self) -> dict[str, Any]:
         return {"weights_only": list(self.weights_only), "float": list(self.float_layers),
                 "percentile": self.percentile,
-                "bias_correction": False if self.no_bias_correction else None}
+                "bias_correction": False if self.no_bias_correction else None,
+                **({} if self.eight_bit_ops else {"eight_bit_ops": False})}
 
 
 @dataclass(frozen=True)
@@ -218,6 +224,8 @@ def _stages_with(nodes: list[Node], settings: Settings) -> list[tuple[str, BaseM
     """The pipeline's stages with the candidate's settings on top of the user's own."""
     stages: list[tuple[str, BaseModel]] = []
     for node in nodes:
+        if not settings.eight_bit_ops and node.stage in EIGHT_BIT_OP_STAGES:
+            continue
         params = node.params
         own = list(getattr(params, "exclude_nodes", []) or [])
         if node.stage == "quantize_nodes":
@@ -401,11 +409,7 @@ class _Search:
     def try_weights_only_everywhere(self, best: Trial) -> Trial | None:
         """The answer to "can 8-bit weights do it here at all": every layer computes in
         float from its 8-bit weights (quantize_nodes converts nothing)."""
-        settings = Settings(
-            weights_only=tuple(sorted(n for layer in self.layers if layer.has_weights
-                                      for n in layer.nodes)),
-            float_layers=tuple(sorted(n for layer in self.layers if not layer.has_weights
-                                      for n in layer.nodes)))
+        settings = Settings(eight_bit_ops=False)
         trial = self.attempt(settings, "every layer -> weights-only 8-bit")
         if trial is not None:
             self.decide([layer.name for layer in self.layers], "every layer weights-only", best,
@@ -495,13 +499,16 @@ class GuardResult:
     verdict: str | None = None
 
 
-def _verdict(name: str, search: _Search, best_full: Trial, everywhere: Trial | None) -> str:
+def _verdict(name: str, best_full: Trial, everywhere: Trial | None,
+             weights_only_possible: bool) -> str:
     """What the search found, in one line, when no full 8-bit candidate met the budgets."""
     full = (f"the GraphDef eight-bit kernels cannot reach the budget here (closest: trial "
             f"{best_full.index}, {best_full.headline}, logits {best_full.closeness:.1f} dB)")
-    if everywhere is None:
+    if not weights_only_possible:
         return (f"{name}: {full}; add quantize_weights to the pipeline to let the guard try "
                 "weights-only 8-bit")
+    if everywhere is None:
+        return f"{name}: {full}; weights-only 8-bit was not tried (tune.timeout_s ran out)"
     if everywhere.ok:
         return (f"{name}: {full}; weights-only 8-bit (8-bit weights, float compute) can: "
                 f"{everywhere.headline}, {everywhere.size_bytes:,} bytes (trial "
@@ -551,7 +558,7 @@ def guard_pipeline(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, 
         if weights_only_possible and time.monotonic() - search.started <= tune.timeout_s:
             search.reserved = 0
             everywhere = search.try_weights_only_everywhere(best)
-        verdict = _verdict(name, search, best, everywhere)
+        verdict = _verdict(name, best, everywhere, weights_only_possible)
         best = search.best()
     rows = [t.row() for t in search.trials]
     for row in rows:

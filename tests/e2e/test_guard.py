@@ -38,7 +38,7 @@ def test_guard_finds_settings_that_meet_the_budget(digits_example: Path, workspa
     assert decisions[-1]["outcome"] == "meets budgets"
     assert all(d["quality_before"].startswith("accuracy drop") for d in decisions)
     assert all(d["size_after_bytes"] > 0 for d in decisions)
-    kept = [d for d in decisions if d["outcome"] != "stepped back: no better"]
+    kept = [d for d in decisions if d["outcome"] != "stepped back: no closer"]
     assert set(chosen[0]["settings"]["float"]) | set(chosen[0]["settings"]["weights_only"]) \
         == {layer for d in kept for layer in d["layers"]}
     assert int8["accuracy_drop"] <= 0.01
