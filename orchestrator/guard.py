@@ -444,8 +444,10 @@ class _Search:
                 group *= 2  # the next pass takes bigger groups
 
     def all_weights_float(self, settings: Settings) -> bool:
+        """Whether no weight layer would compute in eight bits: that is the float pipeline,
+        or the weights-only-everywhere answer, not a candidate of the layer search."""
         weights = {n for layer in self.layers if layer.has_weights for n in layer.nodes}
-        return bool(weights) and weights <= set(settings.float_layers)
+        return bool(weights) and weights <= {*settings.float_layers, *settings.weights_only}
 
     def short_names(self, layers: list[Layer], limit: int = 3) -> str:
         """Layer names for a console line, without the prefix all layers share."""
@@ -466,8 +468,10 @@ class _Search:
             for layer in layers:
                 settings = settings.with_nodes(
                     list(layer.nodes), action if layer.has_weights else FLOAT)
-            if self.all_weights_float(settings):
-                return None  # that is the float pipeline, not an 8-bit candidate
+            if self.all_weights_float(settings):  # not a full 8-bit candidate:
+                # a smaller group may still leave a weight layer in eight bits
+                return self.step(current, layers[:-1], weights_only_first) \
+                    if len(layers) > 1 else None
             change = f"{self.short_names(layers)} -> {ACTION_WORDS[action]}"
             trial = self.attempt(settings, change)
             if trial is None:
@@ -499,21 +503,21 @@ class GuardResult:
     verdict: str | None = None
 
 
-def _verdict(name: str, best_full: Trial, everywhere: Trial | None,
+def _verdict(best_full: Trial, everywhere: Trial | None,
              weights_only_possible: bool) -> str:
     """What the search found, in one line, when no full 8-bit candidate met the budgets."""
     full = (f"the GraphDef eight-bit kernels cannot reach the budget here (closest: trial "
             f"{best_full.index}, {best_full.headline}, logits {best_full.closeness:.1f} dB)")
     if not weights_only_possible:
-        return (f"{name}: {full}; add quantize_weights to the pipeline to let the guard try "
+        return (f"{full}; add quantize_weights to the pipeline to let the guard try "
                 "weights-only 8-bit")
     if everywhere is None:
-        return f"{name}: {full}; weights-only 8-bit was not tried (tune.timeout_s ran out)"
+        return f"{full}; weights-only 8-bit was not tried (tune.timeout_s ran out)"
     if everywhere.ok:
-        return (f"{name}: {full}; weights-only 8-bit (8-bit weights, float compute) can: "
+        return (f"{full}; weights-only 8-bit (8-bit weights, float compute) can: "
                 f"{everywhere.headline}, {everywhere.size_bytes:,} bytes (trial "
                 f"{everywhere.index}), chosen")
-    return (f"{name}: {full}, and weights-only 8-bit cannot either ({everywhere.headline}): "
+    return (f"{full}, and weights-only 8-bit cannot either ({everywhere.headline}): "
             "no 8-bit variant of this model meets the budget; keep it in float")
 
 
@@ -558,7 +562,7 @@ def guard_pipeline(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, 
         if weights_only_possible and time.monotonic() - search.started <= tune.timeout_s:
             search.reserved = 0
             everywhere = search.try_weights_only_everywhere(best)
-        verdict = _verdict(name, best, everywhere, weights_only_possible)
+        verdict = _verdict(best, everywhere, weights_only_possible)
         best = search.best()
     rows = [t.row() for t in search.trials]
     for row in rows:
