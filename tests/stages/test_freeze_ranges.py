@@ -1,4 +1,5 @@
-"""freeze_ranges: the same graph as TF's own freeze_requantization_ranges on our log."""
+"""freeze_ranges: TF's own freeze_requantization_ranges on our log, run-time input ranges
+frozen too, every range nudged so that zero is a step."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from orchestrator.graph_rewrite import const_value
 from orchestrator.model import ModelArtifact
 from orchestrator.quantization import frozen_range, parse_range_log
 from orchestrator.stages import get_stage
+from orchestrator.stages.freeze_ranges import nudged_range
 
 # Fixtures shared by the eight-bit stage tests: bound here so that pytest finds them.
 cnn = quant_fixtures.cnn
@@ -27,17 +29,35 @@ def logged(cnn, digits) -> ModelArtifact:  # noqa: ANN001
 
 
 @pytest.mark.parametrize(("low", "high"), [(5.0, 5.0), (0.0, 0.0), (12.5, 33.3)])
-def test_same_graph_as_tfs_own_transform(logged, tmp_path, low, high) -> None:  # noqa: ANN001
-    """Acceptance: identical to freeze_requantization_ranges(min_max_log_file=<our log>)."""
+def test_same_ranges_as_tfs_own_transform_then_nudged(logged, tmp_path, low, high
+                                                       ) -> None:  # noqa: ANN001
+    """TF's own freeze_requantization_ranges(min_max_log_file=<our log's
+    RequantizationRange lines>) freezes the ranges ours start from; ours are those nudged
+    so that zero is one of the 256 steps, and the run-time QuantizeV2 ranges are frozen
+    too (their Min/Max gone)."""
+    requantizations = {n.name for n in logged.graph_def.node if n.op == "RequantizationRange"}
+    log = logged.metadata["min_max_log"]
     log_file = tmp_path / "ranges.log"
-    log_file.write_text(logged.metadata["min_max_log"])
+    log_file.write_text("\n".join(line for line in log.splitlines()
+                                  if any(r.node in requantizations
+                                         for r in parse_range_log(line))) + "\n")
     expected = tf_adapter.transform_graph(
         logged.graph_def, logged.input_names, list(logged.outputs),
         f'freeze_requantization_ranges(min_max_log_file="{log_file}", '
         f"min_percentile={low}, max_percentile={high})")
     out = apply("freeze_ranges", logged, min_percentile=low, max_percentile=high).artifact
-    assert out.graph_def.SerializeToString(deterministic=True) == \
-        expected.SerializeToString(deterministic=True)
+    ours, theirs = nodes(out), {n.name: n for n in expected.node}
+    for name in requantizations:
+        tf_range = [float(const_value(theirs[f"{name}/frozen_{end}"])) for end in ("min", "max")]
+        lo, hi = (float(const_value(ours[f"{name}/frozen_{end}"])) for end in ("min", "max"))
+        assert (lo, hi) == pytest.approx(nudged_range(*tf_range), abs=1e-6)
+        assert hi - lo == pytest.approx(tf_range[1] - tf_range[0], rel=1e-5)
+    # the rest of the graph is TF's, without the run-time range ops of the QuantizeV2s
+    dropped = {n for n in theirs if theirs[n].op in ("Min", "Max")}
+    assert dropped and not [n for n in ours.values() if n.op in ("Min", "Max")]
+    kept = {n: theirs[n].op for n in theirs if n in ours}
+    assert all(ours[n].op == op for n, op in kept.items())
+    assert set(theirs) - set(ours) <= dropped | {n for n in theirs if "/q8/in" in n}
     assert "RequantizationRange" not in ops(out)
     assert "min_max_log" not in out.metadata  # served; ranges.log keeps it
 
@@ -47,14 +67,62 @@ def test_frozen_constants_follow_the_percentiles(logged, low, high) -> None:  # 
     out = apply("freeze_ranges", logged, min_percentile=low, max_percentile=high)
     by_name = nodes(out.artifact)
     records = parse_range_log(logged.metadata["min_max_log"])
+    quantize = [n.name for n in logged.graph_def.node if n.op == "QuantizeV2"
+                and n.name in {r.node for r in records}]
+    assert quantize  # the model input's range is logged and frozen too
     for name in {r.node for r in records}:
         lo, hi = frozen_range([r.min for r in records if r.node == name],
                               [r.max for r in records if r.node == name], low, high)
-        assert float(const_value(by_name[f"{name}/frozen_min"])) == lo
-        assert float(const_value(by_name[f"{name}/frozen_max"])) == hi
+        frozen = [float(const_value(by_name[f"{name}/frozen_{end}"])) for end in ("min", "max")]
+        assert frozen == pytest.approx(nudged_range(lo, hi), abs=1e-6)
+        assert frozen[0] <= min(lo, 0.0) + 1e-6 or frozen[1] >= max(hi, 0.0) - 1e-6
+        step = (frozen[1] - frozen[0]) / 255
+        assert abs(-frozen[0] / step - round(-frozen[0] / step)) < 1e-3  # zero is a step
+    # the table keeps the percentile ranges, as TF's rule gives them
     assert {r["node"]: (r["frozen_min"], r["frozen_max"]) for r in out.info["ranges"]} == {
-        r: (float(const_value(by_name[f"{r}/frozen_min"])),
-            float(const_value(by_name[f"{r}/frozen_max"]))) for r in {x.node for x in records}}
+        name: frozen_range([r.min for r in records if r.node == name],
+                           [r.max for r in records if r.node == name], low, high)
+        for name in {x.node for x in records}}
+    assert out.metrics["frozen_input_ranges"] == len(quantize)
+    assert out.metrics["ranges_nudged"] >= out.metrics["frozen_ranges"] + len(quantize)
+
+
+def test_the_frozen_graph_computes_each_sample_as_a_batch_of_one(logged, digits
+                                                                 ) -> None:  # noqa: ANN001
+    """Before freezing, a run-time QuantizeV2 range spans the whole batch, so a sample's
+    result depends on its batch; after, it does not."""
+    from orchestrator.runtime import predict as run
+
+    out = apply("freeze_ranges", logged).artifact
+    x = digits["x_test"][:32]
+    for model, independent in ((logged, False), (out, True)):
+        batched, single = run(model, x, batch_size=32), run(model, x, batch_size=1)
+        assert np.allclose(batched, single, atol=1e-6) == independent
+
+
+def test_nudging_removes_requantizes_offset() -> None:
+    """Why ranges are nudged: TF's Requantize into an arbitrary range, read back on the
+    MIN_FIRST grid (as every consumer reads it), is off by a constant fraction of a step;
+    into the nudged range it is not."""
+    import tensorflow as tf
+
+    values = np.linspace(-3.0, 5.0, 4001).astype(np.float32)
+    accumulator_min, accumulator_max = -8.0, 8.0
+    q32 = tf.raw_ops.QuantizeV2(input=values, min_range=accumulator_min,
+                                max_range=accumulator_max, T=tf.qint32, mode="MIN_FIRST")
+    for lo, hi, offset_allowed in ((-3.1337, 5.0421, None), (*nudged_range(-3.1337, 5.0421),
+                                                             0.02)):
+        q8 = tf.raw_ops.Requantize(input=q32.output, input_min=q32.output_min,
+                                   input_max=q32.output_max, requested_output_min=lo,
+                                   requested_output_max=hi, out_type=tf.quint8)
+        back = tf.raw_ops.Dequantize(input=q8.output, min_range=q8.output_min,
+                                     max_range=q8.output_max, mode="MIN_FIRST").numpy()
+        step = (hi - lo) / 255
+        offset = abs(float(np.mean(back - values))) / step
+        if offset_allowed is None:
+            assert offset > 0.1, offset  # un-nudged: a visible constant offset
+        else:
+            assert offset < offset_allowed, offset
 
 
 def test_accuracy_is_kept(cnn, logged, digits) -> None:  # noqa: ANN001
@@ -148,7 +216,12 @@ def test_diagnostics_in_info_metrics_tsv_and_warning(cnn, logged, digits) -> Non
     assert calls == [(120, layer_errors.BATCH_SIZE)]
     rows = result.info["layer_errors"]
     frozen = result.artifact.graph_def
-    assert len(rows) == sum(n.op.startswith("Quantized") for n in frozen.node) == 13
+    # a row per eight-bit op, a conv/matmul and its bias (added in its accumulator) as one
+    eight_bit = sum(n.op.startswith("Quantized") for n in frozen.node)
+    linear = sum(n.op in ("QuantizedConv2D", "QuantizedMatMul") for n in frozen.node)
+    fused = sum(n.op == "Bitcast" and n.attr["type"].type == 13 for n in frozen.node)
+    assert (linear, fused) == (4, 4)
+    assert len(rows) == eight_bit - linear + fused == 9
     assert [tuple(r) for r in rows] == [layer_errors.FIELDS] * len(rows)
     # the same rows as the computation itself on the frozen graph and the same samples
     assert rows == layer_errors.measure(cnn, result.artifact, [digits["x_calib"][:120]])
@@ -164,7 +237,8 @@ def test_diagnostics_in_info_metrics_tsv_and_warning(cnn, logged, digits) -> Non
     for row in rows:  # the three worst flagged ones are named, no other
         named = f" {row['node'][len(prefix):]} {row['rmse_over_scale']:.2f}" in warning
         assert named == (row in layer_errors.flagged(rows)[:3])
-    assert result.info["ranges"] and result.metrics["frozen_ranges"] == 8
+    # one requantization per conv/matmul: its bias is added before it
+    assert result.info["ranges"] and result.metrics["frozen_ranges"] == 4
     # diagnostics change nothing in the model
     plain = apply("freeze_ranges", logged).artifact
     assert frozen.SerializeToString(deterministic=True) == \

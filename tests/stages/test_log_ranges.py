@@ -11,10 +11,11 @@ import pytest
 import quant_fixtures
 from quant_fixtures import apply, ops
 
-from orchestrator.model import ModelArtifact
+from orchestrator.model import ModelArtifact, tensor_name
 from orchestrator.quantization import format_range_line, frozen_range, parse_range_log
 from orchestrator.runtime import GraphRunner
 from orchestrator.stages import get_stage
+from orchestrator.stages.log_ranges import run_time_quantizations
 
 # Fixtures shared by the eight-bit stage tests: bound here so that pytest finds them.
 cnn = quant_fixtures.cnn
@@ -30,15 +31,29 @@ def eight_bit(cnn) -> ModelArtifact:  # noqa: ANN001
     return apply("quantize_nodes", cnn).artifact
 
 
-def range_nodes(artifact: ModelArtifact) -> list[str]:
+def requantization_nodes(artifact: ModelArtifact) -> list[str]:
     return [n.name for n in artifact.graph_def.node if n.op == "RequantizationRange"]
 
 
+def range_nodes(artifact: ModelArtifact) -> list[str]:
+    """What log_ranges logs, in its order: the RequantizationRange nodes, then the
+    QuantizeV2 nodes whose range a Min/Max computes at run time."""
+    return requantization_nodes(artifact) + run_time_quantizations(artifact.graph_def)
+
+
 def fetch_ranges(artifact: ModelArtifact, batch: np.ndarray) -> dict[str, tuple[float, float]]:
-    """The RequantizationRange outputs of one run, fetched directly."""
+    """The ranges of one run, fetched directly: a RequantizationRange's outputs, and the
+    Min/Max a run-time QuantizeV2 reads."""
+    nodes = {n.name: n for n in artifact.graph_def.node}
     names = range_nodes(artifact)
+    fetches: list[str] = []
+    for n in names:
+        if nodes[n].op == "QuantizeV2":
+            fetches += [tensor_name(nodes[n].input[1]), tensor_name(nodes[n].input[2])]
+        else:
+            fetches += [f"{n}:0", f"{n}:1"]
     with GraphRunner.for_artifact(artifact) as runner:
-        values = runner.run(batch, fetches=[f"{n}:{k}" for n in names for k in (0, 1)])
+        values = runner.run(batch, fetches=fetches)
     return {n: (float(values[2 * i]), float(values[2 * i + 1])) for i, n in enumerate(names)}
 
 
@@ -60,8 +75,11 @@ def test_lines_have_the_classic_format(eight_bit, digits) -> None:  # noqa: ANN0
     for line, record in zip(lines, parse_range_log(text), strict=True):
         assert line == format_range_line(record.node, record.min, record.max)
     assert seen[: len(names)] == names  # a run logs every node, then the next run
-    assert result.metrics == {"ranges_nodes": len(names), "ranges_samples": 60,
-                              "ranges_records": 60 * len(names)}
+    requantizations = requantization_nodes(eight_bit)
+    assert 0 < len(requantizations) < len(names)  # the model input is quantized at run time
+    assert result.metrics == {"ranges_nodes": len(requantizations),
+                              "input_ranges_nodes": len(names) - len(requantizations),
+                              "ranges_samples": 60, "ranges_records": 60 * len(names)}
     assert not result.warnings
 
 
@@ -89,7 +107,8 @@ def test_batched_per_sample_ranges_add_up_to_the_batch_range(eight_bit, digits) 
             maxs = [r.max for r in chunk if r.node == name]
             assert len(mins) == 20
             assert (min(mins), max(maxs)) == direct[name]
-            assert len(set(maxs)) > 1  # really per sample
+            if name in requantization_nodes(eight_bit):
+                assert len(set(maxs)) > 1  # really per sample
 
 
 def test_batched_ranges_are_close_to_classic_batch_one(eight_bit, digits) -> None:  # noqa: ANN001
@@ -157,7 +176,9 @@ def test_ranges_table(eight_bit, digits) -> None:  # noqa: ANN001
         assert value["min"] == min(mins) and value["max"] == max(maxs)
         lo, hi = frozen_range(mins, maxs, 10, 2)
         assert (value["frozen_min"], value["frozen_max"]) == (lo, hi)
-        assert min(mins) <= lo <= 0 < hi <= max(maxs)
+        assert min(mins) <= lo <= hi <= max(maxs)
+        if row["node"] in requantization_nodes(eight_bit):  # these include zero
+            assert lo <= 0 < hi
     assert result.info["ranges"][0]["node"] == rows[0]["node"]
 
 
