@@ -70,8 +70,10 @@ MAX_GROUP = 4
 CLIPPING_WORTH_PERCENTILES = 0.01
 # A candidate must move the continuous measure (dB) at least this much to count as better.
 NOISE_DB = 0.05
-# Ops that follow a Conv2D/MatMul into one layer, in this order.
+# Ops that follow a Conv2D/MatMul into one layer, in this order...
 LAYER_TAIL_OPS = ("BiasAdd", "Relu", "Relu6")
+# ... also behind these, which only reshape (a Conv1D is ExpandDims, Conv2D, Squeeze).
+PASS_THROUGH_OPS = ("Squeeze", "ExpandDims", "Identity")
 
 # What a candidate without any eight-bit op leaves out: quantize_weights stays.
 EIGHT_BIT_OP_STAGES = ("quantize_nodes", "log_ranges", "freeze_ranges")
@@ -119,8 +121,8 @@ class Layer:
 
 def layers_of(graph: GraphDef, convertible: set[str]) -> list[Layer]:
     """The convertible nodes as layers, weight layers first (graph order): a Conv2D/MatMul
-    takes the BiasAdd, then the Relu/Relu6, that are its only consumers; every other
-    convertible node is a layer of its own."""
+    takes the BiasAdd, then the Relu/Relu6, that are its only consumers (looking through a
+    Squeeze or ExpandDims); every other convertible node is a layer of its own."""
     consumers: dict[str, list[str]] = {}
     for node in graph.node:
         for inp in node.input:
@@ -131,13 +133,16 @@ def layers_of(graph: GraphDef, convertible: set[str]) -> list[Layer]:
     for node in graph.node:
         if node.name not in convertible or node.op not in WEIGHT_OPS:
             continue
-        members, tail = [node.name], list(LAYER_TAIL_OPS)
-        while len(consumers.get(members[-1], [])) == 1:
-            follower = consumers[members[-1]][0]
-            if follower not in convertible or ops[follower] not in tail:
+        members, tail, last = [node.name], list(LAYER_TAIL_OPS), node.name
+        while len(consumers.get(last, [])) == 1:
+            last = consumers[last][0]
+            if ops[last] in PASS_THROUGH_OPS:  # a Conv1D's Squeeze: the layer goes on
+                continue
+            if ops[last] not in tail:
                 break
-            tail = tail[tail.index(ops[follower]) + 1:]
-            members.append(follower)
+            tail = tail[tail.index(ops[last]) + 1:]
+            if last in convertible:  # (a BiasAdd left float for its kernel is passed)
+                members.append(last)
         taken.update(members)
         layers.append(Layer(node.name, tuple(members), True))
     layers += [Layer(n.name, (n.name,), False) for n in graph.node
