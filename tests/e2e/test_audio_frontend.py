@@ -10,7 +10,6 @@ no more than 0.35 of fp32's size.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import model_builds  # tests/e2e: on sys.path (prepend mode)
 import pytest
