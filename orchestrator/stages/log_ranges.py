@@ -123,6 +123,20 @@ def _with_probes(logged: GraphDef, names: list[str], per_sample: bool,
         graph.node.append(node)
         return name
 
+    def per_sample_min_max(base: str, data: str, dtype: int) -> list[str]:
+        """Min and Max of `data` over every axis but the first (the batch)."""
+        rank = add(f"{base}/rank", "Rank", [data], T=dtype)
+        axes = add(f"{base}/axes", "Range", [f"{scope}/one", rank, f"{scope}/one"],
+                   Tidx=types_pb2.DT_INT32)
+        for reduce in ("Min", "Max"):
+            node = node_def_pb2.NodeDef(name=f"{base}/{reduce.lower()}", op=reduce,
+                                        input=[data, axes])
+            node.attr["T"].type = dtype
+            node.attr["Tidx"].type = types_pb2.DT_INT32
+            node.attr["keep_dims"].b = False
+            graph.node.append(node)
+        return [f"{base}/min", f"{base}/max"]
+
     probes, packed = [], []
     for k, name in enumerate(names):
         if name in quantize_nodes:  # a run-time QuantizeV2 range: Min/Max of a float tensor
@@ -130,18 +144,7 @@ def _with_probes(logged: GraphDef, names: list[str], per_sample: bool,
             packed += [in_min, in_max]
             fetches = []
             if per_sample:
-                base = f"{scope}/{k}"
-                rank = add(f"{base}/rank", "Rank", [data], T=types_pb2.DT_FLOAT)
-                axes = add(f"{base}/axes", "Range", [f"{scope}/one", rank, f"{scope}/one"],
-                           Tidx=types_pb2.DT_INT32)
-                for reduce in ("Min", "Max"):
-                    node = node_def_pb2.NodeDef(name=f"{base}/{reduce.lower()}", op=reduce,
-                                                input=[data, axes])
-                    node.attr["T"].type = types_pb2.DT_FLOAT
-                    node.attr["Tidx"].type = types_pb2.DT_INT32
-                    node.attr["keep_dims"].b = False
-                    graph.node.append(node)
-                fetches = [f"{base}/min", f"{base}/max"]
+                fetches = per_sample_min_max(f"{scope}/{k}", data, types_pb2.DT_FLOAT)
             probes.append(_Probe(name, k, [tensor_name(f) for f in fetches],
                                  f";{name}{q.PRINT_SUFFIX};{q.LOG_MESSAGE}", per_sample,
                                  quantize=True))
@@ -155,20 +158,10 @@ def _with_probes(logged: GraphDef, names: list[str], per_sample: bool,
         fetches: list[str] = []
         if per_sample:
             data, in_min, in_max = nodes[name].input[:3]
-            base = f"{scope}/{k}"
-            ints = add(f"{base}/ints", "Bitcast", [data], T=types_pb2.DT_QINT32,
+            ints = add(f"{scope}/{k}/ints", "Bitcast", [data], T=types_pb2.DT_QINT32,
                        type=types_pb2.DT_INT32)
-            rank = add(f"{base}/rank", "Rank", [ints], T=types_pb2.DT_INT32)
-            axes = add(f"{base}/axes", "Range", [f"{scope}/one", rank, f"{scope}/one"],
-                       Tidx=types_pb2.DT_INT32)
-            for reduce in ("Min", "Max"):
-                node = node_def_pb2.NodeDef(name=f"{base}/{reduce.lower()}", op=reduce,
-                                            input=[ints, axes])
-                node.attr["T"].type = types_pb2.DT_INT32
-                node.attr["Tidx"].type = types_pb2.DT_INT32
-                node.attr["keep_dims"].b = False
-                graph.node.append(node)
-            fetches += [in_min, in_max, f"{base}/min", f"{base}/max"]
+            fetches += [in_min, in_max,
+                        *per_sample_min_max(f"{scope}/{k}", ints, types_pb2.DT_INT32)]
         probes.append(_Probe(name, k, [tensor_name(f) for f in fetches], prefix, per_sample))
     pack = node_def_pb2.NodeDef(name=f"{scope}/ranges", op="Pack", input=packed)
     pack.attr["T"].type = types_pb2.DT_FLOAT

@@ -9,13 +9,9 @@ no more than 0.35 of fp32's size.
 
 from __future__ import annotations
 
-import json
-
 import model_builds  # tests/e2e: on sys.path (prepend mode)
 import pytest
 from models_audio_frontend import OUTPUT_NAMES  # tests/e2e: on sys.path (prepend mode)
-
-from orchestrator.cli import main
 
 pytestmark = pytest.mark.slow
 
@@ -52,14 +48,7 @@ def audio_run(tmp_path_factory: pytest.TempPathFactory, prefect_server: None) ->
     work = tmp_path_factory.mktemp("audio_frontend")
     facts = model_builds.build("models_audio_frontend", work / "model")
     print("audio front-end model:", facts)
-    (work / "recipe.yaml").write_text(RECIPE)
-    (work / "mlruns").mkdir()
-    with pytest.MonkeyPatch.context() as env:  # as the workspace fixture, for the module
-        env.chdir(work)
-        env.setenv("ORCHESTRATOR_HOME", str(work / ".orchestrator"))
-        env.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{work / 'mlruns' / 'mlflow.db'}")
-        code = main(["run", str(work / "recipe.yaml"), "-o", str(work / "out")])
-    report = json.loads((work / "out" / "report.json").read_text())
+    code, report = model_builds.run_recipe(work, RECIPE)
     return {"code": code, "report": report, "facts": facts}
 
 

@@ -14,14 +14,12 @@ was selected. Now:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import model_builds  # tests/e2e: on sys.path (prepend mode)
 import numpy as np
 import pytest
 
-from orchestrator.cli import main
 from orchestrator.guard import NOISE_DB
 
 pytestmark = pytest.mark.slow
@@ -56,14 +54,7 @@ def photo_run(tmp_path_factory: pytest.TempPathFactory, prefect_server: None
     work = tmp_path_factory.mktemp("photo_xception")
     facts = model_builds.build("models_photo_xception", work / "model")
     print("photo mini-Xception:", facts)
-    (work / "recipe.yaml").write_text(RECIPE)
-    (work / "mlruns").mkdir()
-    with pytest.MonkeyPatch.context() as env:  # as the workspace fixture, for the module
-        env.chdir(work)
-        env.setenv("ORCHESTRATOR_HOME", str(work / ".orchestrator"))
-        env.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{work / 'mlruns' / 'mlflow.db'}")
-        code = main(["run", str(work / "recipe.yaml"), "-o", str(work / "out")])
-    report = json.loads((work / "out" / "report.json").read_text())
+    code, report = model_builds.run_recipe(work, RECIPE)
     for name in ("int8", "int8_float_only"):
         for trial in report["variants"][name]["trials"]:
             print(name, trial["trial"], trial["quality"], trial["logit_sqnr_db"],
