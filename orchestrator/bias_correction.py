@@ -17,9 +17,10 @@ shift from the bias cancels it on average. Here:
   bias between) are one chain: the depthwise shift reaches the pointwise conv's bias.
 
 Only bias constants change; a bias quantize_weights stored in 8 bits is stored again in 8
-bits, in its new range. quantize_nodes then quantizes every bias to 8 bits with its own
-range, whose step (the "bias scale" reported here) bounds how much of a correction
-survives: a shift well under one step is mostly rounded away.
+bits, in its new range. A bias right after a Conv2D/MatMul that quantize_nodes converts is
+then added in float32 to that op's accumulator (orchestrator.integer_bias), so its
+correction survives whole; the "bias scale" reported here is the step an 8-bit bias of
+that range would have, for comparison.
 """
 
 from __future__ import annotations
