@@ -42,7 +42,19 @@ INSERT_LOGGING = (f'insert_logging(op=RequantizationRange, show_name=true, '
 LOG_VALUE_FORMAT = ".9g"
 
 
+# The metadata key of the digest of the graph a range log was taken on (log_ranges): a
+# log applies to that graph only (freeze_ranges checks it).
+LOGGED_GRAPH = "min_max_log_graph"
+
+
 # --- graph helpers ------------------------------------------------------------------------
+
+def graph_digest(graph_def: GraphDef) -> str:
+    """SHA-256 of the graph's deterministic serialization."""
+    import hashlib
+
+    return hashlib.sha256(graph_def.SerializeToString(deterministic=True)).hexdigest()
+
 
 def const_elements(node: NodeDef) -> int:
     """Number of elements of a Const node, from its shape (no decoding)."""

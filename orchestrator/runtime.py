@@ -38,9 +38,11 @@ class GraphRunner:
                  intra_op_threads: int | None = None) -> None:
         import tensorflow as tf
 
+        from orchestrator.graph_rewrite import copy_graph
+
         self.graph = tf.Graph()
-        with self.graph.as_default():
-            tf.compat.v1.import_graph_def(graph_def, name="")
+        with self.graph.as_default():  # a copy: importing adds default attrs to what it gets
+            tf.compat.v1.import_graph_def(copy_graph(graph_def), name="")
         self.input_tensors = [self.graph.get_tensor_by_name(tensor_name(n)) for n in inputs]
         self.output_tensors = [self.graph.get_tensor_by_name(tensor_name(n)) for n in outputs]
         self.session = tf.compat.v1.Session(graph=self.graph,

@@ -87,6 +87,11 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
         if not log:
             raise ValueError("the model carries no range log (metadata 'min_max_log'): run "
                              "log_ranges before freeze_ranges")
+        logged_on = artifact.metadata.get(q.LOGGED_GRAPH)
+        if logged_on is not None and logged_on != q.graph_digest(artifact.graph_def):
+            raise ValueError("the range log was taken on another graph (a stage between "
+                             "log_ranges and freeze_ranges changed it): run log_ranges "
+                             "right before freeze_ranges")
         result = _freeze(artifact, params, log, user_log=None)
     if params.diagnostics:
         _add_diagnostics(result, params, ctx)
@@ -241,7 +246,8 @@ def _freeze(artifact: ModelArtifact, params: Params, log: str, user_log: str | N
     result = q.prune(result, artifact.input_names, list(artifact.outputs))
     rows = q.range_table(grouped, params.min_percentile, params.max_percentile)
     # The log has served: drop it, so that it does not travel on with every later model.
-    metadata = {k: v for k, v in artifact.metadata.items() if k != "min_max_log"}
+    metadata = {k: v for k, v in artifact.metadata.items()
+                if k not in ("min_max_log", q.LOGGED_GRAPH)}
     return StageResult(
         artifact=dataclasses.replace(artifact, graph_def=result, metadata=metadata),
         metrics={"frozen_ranges": float(len(expected)),

@@ -353,7 +353,8 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
                           for p in probes}, params.min_percentile, params.max_percentile)
     return StageResult(
         artifact=artifact.replace(graph_def=copy_graph(artifact.graph_def),
-                                  metadata={"min_max_log": text}),
+                                  metadata={"min_max_log": text,
+                                            q.LOGGED_GRAPH: q.graph_digest(artifact.graph_def)}),
         metrics={"ranges_nodes": float(len(names)),
                  "input_ranges_nodes": float(len(quantizations)), "ranges_samples": float(seen),
                  "ranges_records": float(len(lines))},

@@ -293,3 +293,20 @@ def test_digits_int8_acceptance(digits_example, digits) -> None:  # noqa: ANN001
     before, after = predict(fp32, x), predict(int8, x)
     assert accuracy(before, y) - accuracy(after, y) <= 0.01
     assert agreement(before, after) >= 0.99
+
+
+def test_a_log_taken_on_another_graph_is_refused(logged) -> None:  # noqa: ANN001
+    """Each candidate's ranges come from its own graph: a log carried onto a graph that
+    changed after log_ranges is refused, not applied."""
+    import dataclasses
+
+    from orchestrator.graph_rewrite import copy_graph
+
+    changed = copy_graph(logged.graph_def)
+    node = next(n for n in changed.node if n.op == "Const" and n.attr["dtype"].type == 1)
+    node.attr["value"].tensor.float_val.append(0.5)  # any change to the graph's bytes
+    moved = dataclasses.replace(logged, graph_def=changed)
+    with pytest.raises(ValueError, match="taken on another graph"):
+        apply("freeze_ranges", moved)
+    out = apply("freeze_ranges", logged).artifact  # its own graph: accepted, digest dropped
+    assert "min_max_log_graph" not in out.metadata
