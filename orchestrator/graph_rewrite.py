@@ -187,3 +187,31 @@ def rename_nodes(graph_def: GraphDef, mapping: dict[str, str]) -> None:
             name, _, port = inp.lstrip("^").partition(":")
             name = mapping.get(name, name)
             node.input[i] = f"{hat}{name}" if port in ("", "0") else f"{name}:{port}"
+
+
+def constant_nodes(graph_def: GraphDef) -> set[str]:
+    """Names of the nodes whose value does not depend on any input (pure ops on Consts)."""
+    from orchestrator import tf_adapter
+
+    nodes = {n.name: n for n in graph_def.node}
+    state: dict[str, bool] = {}
+    for root in nodes:
+        stack = [(root, False)]
+        while stack:  # iterative post-order: graphs can be deep
+            name, expanded = stack.pop()
+            if name in state:
+                continue
+            node = nodes.get(name)
+            if node is None:
+                state[name] = False
+                continue
+            deps = [node_name(i) for i in node.input]
+            if not expanded:
+                stack.append((name, True))
+                stack.extend((d, False) for d in deps if d not in state)
+                continue
+            op_def = tf_adapter.op_def(node.op)
+            pure = op_def is not None and not op_def.is_stateful and node.op != "Placeholder"
+            state[name] = pure and (node.op == "Const" or (
+                bool(deps) and all(state.get(d, False) for d in deps)))
+    return {name for name, value in state.items() if value}

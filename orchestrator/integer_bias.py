@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from orchestrator.graph_rewrite import GraphIndex, output_index
+from orchestrator.graph_rewrite import GraphIndex, constant_nodes, output_index
 from orchestrator.model import node_name
 
 if TYPE_CHECKING:
@@ -66,8 +66,6 @@ def constant_values(graph_def: GraphDef, tensors: Mapping[str, str]) -> dict[str
     """key -> value of each constant tensor (a Const, or a Dequantize of stored 8-bit
     weights), computed by TF itself; entries that turn out not to be constant are left out."""
     import tensorflow as tf
-
-    from orchestrator.stages.quantize_nodes import constant_nodes
 
     constant = constant_nodes(graph_def)
     wanted = {key: name for key, name in tensors.items() if node_name(name) in constant}
