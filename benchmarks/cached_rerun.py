@@ -10,7 +10,8 @@ cache hit. Settings:
   user's very first run does;
 - "server per run": ORCHESTRATOR_PREFECT_IDLE_S=0, each run starts and stops its own server.
 
-With PREFECT_API_URL set, every setting uses that server instead.
+With PREFECT_API_URL set, every setting uses that server instead. Without
+ORCHESTRATOR_MODEL_KEY, a throwaway key serves the recipe's encrypt stage.
 
     .venv/bin/python benchmarks/cached_rerun.py [recipes/digits.yaml]
 """
@@ -29,7 +30,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from orchestrator.keys import encode_key, generate_key  # noqa: E402
 from orchestrator.prefect_server import IDLE_ENV, STATE_FILE  # noqa: E402
+
+KEY_ENV = "ORCHESTRATOR_MODEL_KEY"  # the digits recipe's encrypt stage reads its key here
 
 
 def run_once(recipe: Path, work: Path, out: str, env: dict[str, str]) -> tuple[float, dict]:
@@ -49,6 +53,8 @@ def measure(recipe: Path, label: str, new_machine: bool = False,
         work = Path(tmp)
         env = {**os.environ, "ORCHESTRATOR_HOME": str(work / ".orchestrator"),
                "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}"}
+        # a throwaway key, as `make demo` makes one, unless the caller gave theirs
+        env.setdefault(KEY_ENV, encode_key(generate_key()))
         if new_machine:
             env["PREFECT_HOME"] = str(work / "prefect-home")
         if server_per_run:

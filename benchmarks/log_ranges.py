@@ -22,11 +22,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from int8_size import apply, data, fp32_model  # noqa: E402
+from int8_size import ROOT, apply, chains, data, run_chain  # noqa: E402
 
 from orchestrator import runtime  # noqa: E402
 from orchestrator.model import ModelArtifact  # noqa: E402
 from orchestrator.quantization import frozen_range, parse_range_log  # noqa: E402
+from orchestrator.stages import get_stage  # noqa: E402
 
 
 def plain(model: ModelArtifact, x: np.ndarray, batch_size: int) -> float:
@@ -40,8 +41,9 @@ def plain(model: ModelArtifact, x: np.ndarray, batch_size: int) -> float:
 def logged(model: ModelArtifact, x: np.ndarray, batch_size: int, per_sample: bool
            ) -> tuple[float, str]:
     start = time.perf_counter()
-    out = apply("log_ranges", model, x, samples=len(x), batch_size=batch_size,
-                per_sample=per_sample)
+    params = get_stage("log_ranges").params(samples=len(x), batch_size=batch_size,
+                                            per_sample=per_sample)
+    out = apply("log_ranges", params, model, x, None)
     return time.perf_counter() - start, out.metadata["min_max_log"]
 
 
@@ -60,8 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     d = data()
     x = d["x_calib"][: args.samples]
-    fp32, _ = fp32_model()
-    model = apply("quantize_nodes", apply("quantize_weights", fp32))
+    # the recipe's own fp32 pipeline, then its int8 stages up to log_ranges
+    source, fp32_stages, int8_stages = chains(ROOT / "recipes" / "digits.yaml", False)
+    fp32, _ = run_chain(source, fp32_stages, x)
+    before_log = [(name, p) for name, p in int8_stages[:[n for n, _ in int8_stages]
+                                                        .index("log_ranges")]]
+    model, _ = run_chain(fp32, before_log, x)
 
     rows = []
     for batch_size, per_sample, repeats in ((100, True, args.repeats),
