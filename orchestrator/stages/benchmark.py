@@ -4,8 +4,10 @@ The session runs ops serially (inter-op threads 1) with `threads` intra-op threa
 a phone. The input is a batch of the recipe's evaluation data, else of its representative
 data, else random data of the input's shape (unknown dimensions taken as 1).
 
-- `latency_ms`: count, first, mean, std, min, p50, p90, max, in ms. `first` is the first
-  (cold) run; the others are over the `runs` timed runs that follow the `warmup` runs.
+- `latency_ms`: count, first, curr, mean, std, cv, min, p50, p90, p99, max, in ms (cv:
+  std / mean, no unit). `first` is the first (cold) run and `curr` the last timed one, as
+  benchmark_model names them; the others are over the `runs` timed runs that follow the
+  `warmup` runs.
 - `flops`: the v1 profiler's float-operation count (2 per multiply-add) with the input's
   batch fixed to 1, so one inference. Quantized ops (QuantizedConv2D, QuantizedMatMul,
   ...) are counted like their float twins: an 8-bit graph does the same arithmetic.
@@ -37,7 +39,8 @@ from orchestrator.model import ModelArtifact
 from orchestrator.stages import register
 from orchestrator.stages.base import ANY_KIND, Stage, StageContext, StageParams, StageResult
 
-LATENCY_KEYS = ("count", "first", "mean", "std", "min", "p50", "p90", "max")
+LATENCY_KEYS = ("count", "first", "curr", "mean", "std", "cv", "min", "p50", "p90", "p99",
+                "max")
 # Weights that live in the memory-mapped file, not on the heap (see the memmap stage).
 _MAPPED_CONST_OPS = {"ImmutableConst"}
 
@@ -101,9 +104,12 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
 def latency_stats(first_ms: float, timed_ms: Sequence[float]) -> dict[str, float]:
     """report.json's latency_ms: `first` (cold run) plus statistics of the timed runs."""
     values = np.asarray(timed_ms, dtype=np.float64)
-    stats = {"count": len(values), "first": first_ms, "mean": values.mean(),
-             "std": values.std(), "min": values.min(), "p50": np.percentile(values, 50),
-             "p90": np.percentile(values, 90), "max": values.max()}
+    mean = values.mean()
+    stats = {"count": len(values), "first": first_ms, "curr": values[-1], "mean": mean,
+             "std": values.std(), "cv": values.std() / mean if mean > 0 else 0.0,
+             "min": values.min(), "p50": np.percentile(values, 50),
+             "p90": np.percentile(values, 90), "p99": np.percentile(values, 99),
+             "max": values.max()}
     return {key: (int(v) if key == "count" else round(float(v), 4)) for key, v in stats.items()}
 
 

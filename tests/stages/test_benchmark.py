@@ -52,9 +52,12 @@ def test_latency_keys_and_consistency() -> None:
 
 
 def test_latency_stats_first_is_the_cold_run() -> None:
-    stats = latency_stats(9.0, [1.0, 2.0, 3.0, 4.0])
-    assert stats == {"count": 4, "first": 9.0, "mean": 2.5, "std": pytest.approx(1.118, 1e-3),
-                     "min": 1.0, "p50": 2.5, "p90": pytest.approx(3.7), "max": 4.0}
+    stats = latency_stats(9.0, [1.0, 2.0, 4.0, 3.0])
+    assert stats == {"count": 4, "first": 9.0, "curr": 3.0, "mean": 2.5,
+                     "std": pytest.approx(1.118, 1e-3), "cv": pytest.approx(1.118 / 2.5, 1e-3),
+                     "min": 1.0, "p50": 2.5, "p90": pytest.approx(3.7),
+                     "p99": pytest.approx(3.97), "max": 4.0}
+    assert tuple(stats) == LATENCY_KEYS
 
 
 def test_flops_of_a_matmul_are_2mkn_at_batch_one() -> None:
