@@ -8,6 +8,7 @@ data, else random data of the input's shape (unknown dimensions taken as 1).
   std / mean, no unit). `first` is the first (cold) run and `curr` the last timed one, as
   benchmark_model names them; the others are over the `runs` timed runs that follow the
   `warmup` runs.
+- `host`: the machine measured on (CPU model, cores, OS, TensorFlow version).
 - `flops`: the v1 profiler's float-operation count (2 per multiply-add) with the input's
   batch fixed to 1, so one inference. Quantized ops (QuantizedConv2D, QuantizedMatMul,
   ...) are counted like their float twins: an 8-bit graph does the same arithmetic.
@@ -35,6 +36,7 @@ import numpy as np
 from pydantic import Field, NonNegativeInt, PositiveInt
 
 from orchestrator.devices import estimate_latency_ms, precision_of
+from orchestrator.host import describe
 from orchestrator.model import ModelArtifact
 from orchestrator.stages import register
 from orchestrator.stages.base import ANY_KIND, Stage, StageContext, StageParams, StageResult
@@ -86,7 +88,7 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
         warnings.append(f"FLOPs not counted: {exc}")
 
     info: dict[str, Any] = {"latency_ms": latency, "batch_size": batch, "threads": threads,
-                            "precision": precision, "flops": flops}
+                            "precision": precision, "flops": flops, "host": describe()}
     metrics: dict[str, float] = {"latency_p50_ms": latency["p50"],
                                  "latency_mean_ms": latency["mean"]}
     if flops is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -42,6 +44,8 @@ def test_latency_keys_and_consistency() -> None:
     result = run_benchmark(artifact, warmup=2, runs=7)
     latency = result.info["latency_ms"]
     assert tuple(latency) == LATENCY_KEYS
+    host = result.info["host"]  # beside every timing: where it was measured
+    assert host["cores"] == os.cpu_count() and host["cpu"] and host["tensorflow"]
     assert latency["count"] == 7
     assert latency["min"] <= latency["p50"] <= latency["p90"] <= latency["max"]
     assert latency["min"] <= latency["mean"] <= latency["max"] and latency["std"] >= 0
