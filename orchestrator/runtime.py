@@ -17,6 +17,8 @@ from orchestrator.model import ModelArtifact, tensor_name
 if TYPE_CHECKING:
     from tensorflow.core.framework.graph_pb2 import GraphDef
 
+    from orchestrator.kinds import KeyLookup
+
 
 def session_config(intra_op_threads: int | None = None) -> Any:
     import tensorflow as tf
@@ -69,6 +71,12 @@ class GraphRunner:
         return self.session.run(targets, feed_dict=feed, options=options,
                                 run_metadata=run_metadata)
 
+    def input_specs(self) -> list[tuple[list[int | None] | None, np.dtype]]:
+        """(shape with None for unknown dimensions, numpy dtype) per model input: what a
+        runner of any kind (see `open_runner`) tells about its inputs."""
+        return [(None if t.shape.rank is None else t.shape.as_list(),
+                 np.dtype(t.dtype.as_numpy_dtype)) for t in self.input_tensors]
+
     def fixed_batch_size(self) -> int | None:
         """The first input's batch dimension when the graph fixes it (e.g. 1), else None."""
         shape = self.input_tensors[0].shape
@@ -102,6 +110,22 @@ class GraphRunner:
                      for batch in self.batches(inputs, batch_size)]
         return [np.concatenate([outs[i] for outs in per_batch], axis=0)[:len(inputs)]
                 for i in range(len(fetches))]
+
+
+def open_runner(artifact: ModelArtifact, keys: KeyLookup | None = None,
+                intra_op_threads: int | None = None) -> Any:
+    """A runner for an artifact of any kind, with GraphRunner's interface (run, predict_all,
+    batches, fixed_batch_size, input_specs, close): LiteRT's interpreter for a tflite model,
+    a TF session for the others (a memmapped model rebuilt, an encrypted one decrypted in
+    memory first)."""
+    from orchestrator.kinds import runnable
+
+    model = runnable(artifact, keys)
+    if model.kind == "tflite":
+        from orchestrator.litert_runtime import LiteRTRunner
+
+        return LiteRTRunner(model, num_threads=intra_op_threads)
+    return GraphRunner.for_artifact(model, intra_op_threads=intra_op_threads)
 
 
 def predict(artifact: ModelArtifact, inputs: np.ndarray, batch_size: int = 64) -> np.ndarray:

@@ -32,6 +32,7 @@ KIND_MODULES: dict[str, str] = {
     "graphdef": "orchestrator.kinds.graphdef",
     "memmapped": "orchestrator.kinds.memmapped",
     "encrypted": "orchestrator.kinds.encrypted",
+    "tflite": "orchestrator.kinds.tflite",
 }
 DEFAULT_KIND = "graphdef"
 # key id -> the model key (raises when it is not known); see StageContext.model_key

@@ -35,6 +35,7 @@ STAGE_MODULES: dict[str, str] = {
     "encrypt": "orchestrator.stages.encrypt",
     "ops_header": "orchestrator.stages.ops_header",
     "graph_view": "orchestrator.stages.graph_view",
+    "convert_tflite": "orchestrator.stages.convert_tflite",
 }
 
 _REGISTRY: dict[str, Stage] = {}
