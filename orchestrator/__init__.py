@@ -12,7 +12,8 @@ _os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 def load_encrypted(path: str | _os.PathLike[str], key: bytes | str,
                    signature: str | _os.PathLike[str] | None = None) -> object:
-    """Decrypt an encrypted model in memory into a runnable ModelArtifact (see
+    """Decrypt an encrypted model in memory into a runnable ModelArtifact, or the bytes of
+    a .tflite for LiteRT's Interpreter(model_content=...) (see
     orchestrator.encryption.load_encrypted); the plaintext never touches the disk."""
     from orchestrator.encryption import load_encrypted as _load
 

@@ -35,7 +35,7 @@ TAG_BYTES = 16
 _HEADER = struct.Struct(f"<4sBBH{KEY_ID_BYTES}s{NONCE_BYTES}s")
 HEADER_BYTES = _HEADER.size  # 28
 # payload kind byte <-> artifact kind; a new kind that may be encrypted adds a line
-PAYLOAD_KINDS: dict[int, str] = {1: "graphdef", 2: "memmapped"}
+PAYLOAD_KINDS: dict[int, str] = {1: "graphdef", 2: "memmapped", 3: "tflite"}
 _PAYLOAD_CODES = {kind: code for code, kind in PAYLOAD_KINDS.items()}
 
 
@@ -103,8 +103,10 @@ def decrypt(data: bytes, key: bytes) -> tuple[str, bytes]:
 
 
 def load_encrypted(path: str | Path, key: bytes | str,
-                   signature: str | Path | None = None) -> ModelArtifact:
-    """Decrypt an encrypted model in memory into a runnable (graphdef) ModelArtifact.
+                   signature: str | Path | None = None) -> ModelArtifact | bytes:
+    """Decrypt an encrypted model in memory into a runnable (graphdef) ModelArtifact; a
+    LiteRT model comes back as its flatbuffer's bytes, which
+    `ai_edge_litert.interpreter.Interpreter(model_content=...)` takes as they are.
 
     `key`: 32 raw bytes, or base64/hex text. `signature`: its signature.json (default: the
     one next to the file); without one, inputs and outputs are detected from the graph.
@@ -116,6 +118,8 @@ def load_encrypted(path: str | Path, key: bytes | str,
     path = Path(path)
     raw = key if isinstance(key, bytes) and len(key) == 32 else parse_key(key, "the key given")
     payload_kind, plaintext = decrypt(path.read_bytes(), raw)
+    if payload_kind == "tflite":
+        return plaintext
     sig_path = Path(signature) if signature is not None else path.with_name("signature.json")
     if sig_path.is_file():
         sig: dict[str, Any] = json.loads(sig_path.read_text())

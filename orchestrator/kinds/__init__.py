@@ -64,6 +64,13 @@ def runnable(artifact: ModelArtifact, keys: KeyLookup | None = None) -> ModelArt
     return get_kind(artifact.kind).runnable(artifact, keys)
 
 
+def unwrapped(artifact: ModelArtifact, keys: KeyLookup | None = None) -> ModelArtifact:
+    """The model an app gets once it opened the file: an encrypted artifact decrypted in
+    memory (its kind is then the one inside), any other as it is."""
+    inner = getattr(get_kind(artifact.kind), "inner", None)
+    return artifact if inner is None else inner(artifact, keys)
+
+
 def payload_bytes(artifact: ModelArtifact) -> bytes:
     """`to_bytes` of the kinds whose file is an opaque payload (memmapped, encrypted)."""
     assert artifact.payload is not None

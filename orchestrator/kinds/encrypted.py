@@ -28,7 +28,7 @@ def summary(artifact: ModelArtifact) -> dict[str, Any]:
     return {"params": facts.get("params", 0), "ops": facts.get("ops", {})}
 
 
-def _inner(artifact: ModelArtifact, keys: KeyLookup | None) -> ModelArtifact:
+def inner(artifact: ModelArtifact, keys: KeyLookup | None) -> ModelArtifact:
     """The artifact inside, decrypted in memory with the key its header names."""
     from orchestrator import kinds
     from orchestrator.encryption import decrypt, read_header
@@ -48,11 +48,11 @@ def runnable(artifact: ModelArtifact, keys: KeyLookup | None = None) -> ModelArt
     """Decrypt in memory, then run the kind inside."""
     from orchestrator import kinds
 
-    return kinds.runnable(_inner(artifact, keys), keys)
+    return kinds.runnable(inner(artifact, keys), keys)
 
 
 def deployed_graph(artifact: ModelArtifact, keys: KeyLookup | None = None) -> Any:
     """The graph of the kind inside, as the app loads it once decrypted."""
     from orchestrator import kinds
 
-    return kinds.deployed_graph(_inner(artifact, keys), keys)
+    return kinds.deployed_graph(inner(artifact, keys), keys)

@@ -17,15 +17,19 @@ quantization debugger's denylists): the closed-loop guard sets them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+import re
+import warnings
+from collections.abc import Iterator
+from typing import Any, Literal
 
+import numpy as np
 from pydantic import Field, PositiveInt
 
+from orchestrator.errors import DataError, ModelSourceError
+from orchestrator.model import ModelArtifact
+from orchestrator.native_output import native_output_held
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
-
-if TYPE_CHECKING:
-    from orchestrator.model import ModelArtifact
 
 
 class Params(StageParams):
@@ -50,9 +54,143 @@ class Params(StageParams):
 
 
 def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
-    from orchestrator.litert_convert import convert
+    from orchestrator.litert_model import describe
 
-    return convert(given, params, ctx)
+    converter = _converter(given, params, ctx)
+    flatbuffer = _convert(converter, given, params, ctx)
+    facts = describe(flatbuffer)
+    artifact = ModelArtifact(graph_def=None, kind="tflite", payload=flatbuffer,
+                             inputs=given.inputs, outputs=given.outputs,
+                             metadata={**given.metadata,
+                                       "tflite": {"mode": params.mode, "io": params.io}})
+    graph_bytes = len(given.graph_bytes())
+    float_ops = _float_ops(flatbuffer) if params.mode == "int8" else {}
+    warnings = []
+    if float_ops:
+        listed = ", ".join(f"{op} x{n}" for op, n in sorted(float_ops.items()))
+        warnings.append(f"stay float in the int8 model (no int8 kernel, or kept float): "
+                        f"{listed}")
+    return StageResult(
+        artifact=artifact,
+        metrics={"size_ratio": len(flatbuffer) / graph_bytes if graph_bytes else 1.0,
+                 "tflite_ops": float(sum(facts.op_counts.values())),
+                 "float_ops": float(sum(float_ops.values()))},
+        info={"tflite": {"mode": params.mode, "io": params.io, "ops": facts.op_counts,
+                         "float_ops": float_ops, "float_nodes": list(params.float_nodes),
+                         "float_op_types": list(params.float_ops)}},
+        warnings=warnings)
+
+
+def _concrete_function(given: ModelArtifact) -> Any:
+    """The frozen graph as a TF2 concrete function from its inputs to its outputs (what the
+    MLIR converter takes)."""
+    import tensorflow as tf
+
+    from orchestrator.model import tensor_name
+
+    def imported() -> None:
+        tf.compat.v1.import_graph_def(given.graph_def, name="")
+
+    wrapped = tf.compat.v1.wrap_function(imported, [])
+    graph = wrapped.graph
+    return wrapped, wrapped.prune(
+        feeds=[graph.get_tensor_by_name(tensor_name(n)) for n in given.input_names],
+        fetches=[graph.get_tensor_by_name(tensor_name(n)) for n in given.outputs])
+
+
+def _converter(given: ModelArtifact, params: Params, ctx: StageContext) -> Any:
+    import tensorflow as tf
+
+    wrapped, function = _concrete_function(given)
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([function], wrapped)
+    ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+    if params.mode != "fp32":
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    if params.mode == "float16":
+        converter.target_spec.supported_types = [tf.float16]
+    if params.mode == "int8":
+        if ctx.representative is None:
+            raise DataError("convert_tflite mode int8 calibrates activation ranges on "
+                            "data.representative, and the recipe has none (or use mode "
+                            "dynamic_range, which needs no data)")
+        converter.representative_dataset = _calibration(ctx, params.calibration_samples)
+        # int8 kernels first; an op without one falls back to float (and is named)
+        ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8, tf.lite.OpsSet.TFLITE_BUILTINS]
+        if params.io == "int8":
+            converter.inference_input_type = tf.int8
+            converter.inference_output_type = tf.int8
+    if params.select_tf_ops:
+        ops.append(tf.lite.OpsSet.SELECT_TF_OPS)
+    converter.target_spec.supported_ops = ops
+    return converter
+
+
+def _calibration(ctx: StageContext, samples: int) -> Any:
+    """The converter's representative_dataset: one sample at a time, as a list of inputs."""
+    assert ctx.representative is not None
+
+    def dataset() -> Iterator[list[np.ndarray]]:
+        for batch in ctx.representative(samples, 1):
+            yield [np.asarray(batch, dtype=np.float32)]
+    return dataset
+
+
+def _convert(converter: Any, given: ModelArtifact, params: Params, ctx: StageContext
+             ) -> bytes:
+    """The flatbuffer; ops LiteRT lacks are a ModelSourceError naming them. What the
+    converter prints goes to the stage's debug log, not the console."""
+    caught: list[str] = []
+    try:
+        with native_output_held(caught), warnings.catch_warnings(record=True) as notes:
+            warnings.simplefilter("always")
+            if params.mode == "int8" and (params.float_nodes or params.float_ops):
+                return _convert_with_float_layers(converter, params, ctx)
+            return bytes(converter.convert())
+    except Exception as exc:  # noqa: BLE001  (ConverterError and friends: read the text)
+        missing = sorted(set(re.findall(r"'tf\.(\w+)' op is neither a custom op nor a flex "
+                                        r"op", str(exc))))
+        if missing:
+            raise ModelSourceError(
+                f"LiteRT has no builtin kernel for {', '.join(missing)}: set "
+                "select_tf_ops: true to run them as TF ops (the app then links LiteRT's "
+                "Flex delegate, several MB), or replace them in the model") from exc
+        raise
+    finally:
+        for line in caught + [str(n.message) for n in locals().get("notes") or []]:
+            ctx.log.debug("converter: %s", line.strip())
+
+
+def _convert_with_float_layers(converter: Any, params: Params, ctx: StageContext) -> bytes:
+    """int8 with named nodes / op types kept in float: the quantization debugger's
+    selective quantization."""
+    import tensorflow as tf
+
+    options = tf.lite.experimental.QuantizationDebugOptions(
+        denylisted_nodes=list(params.float_nodes) or None,
+        denylisted_ops=list(params.float_ops) or None, fully_quantize=True)
+    debugger = tf.lite.experimental.QuantizationDebugger(
+        converter=converter, debug_dataset=_calibration(ctx, params.calibration_samples),
+        debug_options=options)
+    return bytes(debugger.get_nondebug_quantized_model())
+
+
+def _float_ops(flatbuffer: bytes) -> dict[str, int]:
+    """Op types of an int8 model that compute in float (their first output is float32)."""
+    from collections import Counter
+
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(flatbuffer))
+    found: Counter[str] = Counter()
+    float32 = 0  # TensorType.FLOAT32
+    for subgraph in model.subgraphs:
+        for op in subgraph.operators:
+            name = flatbuffer_utils.opcode_to_name(model, op.opcodeIndex) or "CUSTOM"
+            if name in ("QUANTIZE", "DEQUANTIZE") or op.outputs is None or not len(op.outputs):
+                continue
+            if subgraph.tensors[op.outputs[0]].type == float32:
+                found[name] += 1
+    return dict(found)
 
 
 STAGE = register(Stage(name="convert_tflite", run=run, params=Params, doc=__doc__ or "",

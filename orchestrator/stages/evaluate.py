@@ -76,16 +76,15 @@ class Params(StageParams):
 
 
 def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
-    from orchestrator.kinds import runnable
-    from orchestrator.runtime import GraphRunner
+    from orchestrator.runtime import open_runner
 
     if ctx.evaluation is None:
         raise StageError("evaluate needs data.evaluation in the recipe",
                          pipeline=ctx.pipeline, stage=ctx.stage)
     data = ctx.evaluation()
-    # a memmapped or encrypted model runs as the graph rebuilt from it (decrypted in memory)
-    artifact = runnable(given, ctx.model_key)
-    with GraphRunner.for_artifact(artifact) as runner:
+    # a memmapped or encrypted model runs as the graph rebuilt from it (decrypted in memory),
+    # a tflite model in LiteRT's interpreter
+    with open_runner(given, ctx.model_key) as runner:
         outputs = runner.predict_all(data.inputs, params.batch_size)
     names = output_names(given.outputs, given.metadata)
     references, warnings = _references(ctx, outputs, names)

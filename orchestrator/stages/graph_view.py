@@ -260,4 +260,4 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
 
 
 STAGE = register(Stage(name="graph_view", run=run, params=Params, doc=__doc__,
-                       kind="measure", accepts=ANY_KIND))
+                       kind="measure", accepts=ANY_KIND - {"tflite"}))

@@ -1,6 +1,8 @@
 """Write `ops_to_register.h` and the op types and kernels the model needs.
 
-A measuring stage: the model passes through unchanged. It writes, for the stage's input
+A measuring stage: the model passes through unchanged. For a LiteRT model (`.tflite`,
+encrypted or not) it writes LiteRT's selective-build files instead: see
+orchestrator.litert_ops. It writes, for the stage's input
 graph (library functions included):
 - `ops_to_register.h`: TensorFlow's selective-registration header, made by its own
   `selective_registration_header_lib`. Copy it to `tensorflow/core/framework/` and build
@@ -114,7 +116,11 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
     import tensorflow as tf
 
     from orchestrator import tf_adapter
+    from orchestrator.kinds import unwrapped
 
+    opened = unwrapped(given, ctx.model_key)
+    if opened.kind == "tflite":
+        return _litert_ops(given, opened, params)
     # the graph the app loads: a memmapped model needs ImmutableConst registered, not Const
     artifact = shipped_graph(given, ctx)
     counts, kernels = ops_and_kernels(artifact.graph_def)
@@ -156,6 +162,21 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
                                             "kernel_classes": sorted(kernel_classes)}},
                        metrics={"op_types": float(len(ops)),
                                 "kernel_classes": float(len(kernel_classes))})
+
+
+def _litert_ops(given: ModelArtifact, opened: ModelArtifact, params: Params) -> StageResult:
+    """A LiteRT model: the builtin ops it needs (see orchestrator.litert_ops)."""
+    from importlib.metadata import version
+
+    from orchestrator.litert_ops import selected_ops_files
+
+    assert opened.payload is not None
+    files, ops = selected_ops_files(opened.payload, version("ai-edge-litert"))
+    warnings = [f"extra_ops {params.extra_ops} are TensorFlow ops: a LiteRT model's build "
+                "registers builtin ops only, so they are ignored"] if params.extra_ops else []
+    return StageResult(artifact=given, files=files, warnings=warnings,
+                       info={"ops_header": {"runtime": "litert", "op_types": sorted(ops)}},
+                       metrics={"op_types": float(len(ops))})
 
 
 STAGE = register(Stage(name="ops_header", run=run, params=Params, doc=__doc__,
