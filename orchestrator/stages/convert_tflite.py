@@ -17,19 +17,26 @@ quantization debugger's denylists): the closed-loop guard sets them.
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 from collections.abc import Iterator
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field, PositiveInt
+from pydantic import Field, NonNegativeInt, PositiveInt
 
 from orchestrator.errors import DataError, ModelSourceError
 from orchestrator.model import ModelArtifact
 from orchestrator.native_output import native_output_held
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
+
+# A layer's own error above this many quantization steps (RMSE/scale) is flagged, as
+# freeze_ranges flags GraphDef layers; rounding alone gives 1/sqrt(12) = 0.29.
+LAYER_ERROR_LIMIT = 0.7
+# Float activations beyond this mean square are not values but an unset buffer.
+SANE_POWER = 1e30
 
 
 class Params(StageParams):
@@ -51,6 +58,13 @@ class Params(StageParams):
     float_ops: list[str] = Field(
         [], description="int8 mode: builtin op types kept in float, e.g. [MEAN] "
         "(the quantization debugger's denylisted_ops).")
+    diagnostic_samples: NonNegativeInt = Field(
+        50, description="int8 mode: representative samples on which the quantization "
+        "debugger measures each layer's own error (rmse/scale, nmse); 0: none.")
+    guard: bool = Field(
+        False, description="int8 mode: when a target's quality budget breaks, keep the "
+        "layers that add the most error in float (float_nodes), worst first, until it holds "
+        "(see orchestrator.guard); each trial is tracked.")
 
 
 def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
@@ -66,19 +80,34 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
     graph_bytes = len(given.graph_bytes())
     float_ops = _float_ops(flatbuffer) if params.mode == "int8" else {}
     warnings = []
+    info: dict[str, Any] = {}
+    metrics: dict[str, float] = {}
+    if params.mode == "int8" and params.diagnostic_samples:
+        rows = _layer_errors(_converter(given, params, ctx), params, ctx)
+        info["layer_errors"] = rows
+        flagged = [r for r in rows if r["rmse_over_scale"] > LAYER_ERROR_LIMIT]
+        metrics.update({"layer_error_max": max((r["rmse_over_scale"] for r in rows),
+                                               default=0.0),
+                        "layer_nmse_max": max((r["nmse"] or 0.0 for r in rows), default=0.0),
+                        "layers_flagged": float(len(flagged))})
+        if flagged:
+            listed = ", ".join(f"{r['node'].split(';')[0]} {r['rmse_over_scale']:.2f}"
+                               for r in flagged[:3])
+            warnings.append(f"{len(flagged)} layer(s) above {LAYER_ERROR_LIMIT} RMSE/scale "
+                            f"(rounding alone: 0.29): {listed}. Where a quality budget "
+                            "breaks, the guard (convert_tflite: {guard: true}) keeps such "
+                            "layers in float")
     if float_ops:
         listed = ", ".join(f"{op} x{n}" for op, n in sorted(float_ops.items()))
         warnings.append(f"stay float in the int8 model (no int8 kernel, or kept float): "
                         f"{listed}")
-    return StageResult(
-        artifact=artifact,
-        metrics={"size_ratio": len(flatbuffer) / graph_bytes if graph_bytes else 1.0,
-                 "tflite_ops": float(sum(facts.op_counts.values())),
-                 "float_ops": float(sum(float_ops.values()))},
-        info={"tflite": {"mode": params.mode, "io": params.io, "ops": facts.op_counts,
-                         "float_ops": float_ops, "float_nodes": list(params.float_nodes),
-                         "float_op_types": list(params.float_ops)}},
-        warnings=warnings)
+    metrics.update({"size_ratio": len(flatbuffer) / graph_bytes if graph_bytes else 1.0,
+                    "tflite_ops": float(sum(facts.op_counts.values())),
+                    "float_ops": float(sum(float_ops.values()))})
+    info["tflite"] = {"mode": params.mode, "io": params.io, "ops": facts.op_counts,
+                      "float_ops": float_ops, "float_nodes": list(params.float_nodes),
+                      "float_op_types": list(params.float_ops)}
+    return StageResult(artifact=artifact, metrics=metrics, info=info, warnings=warnings)
 
 
 def _concrete_function(given: ModelArtifact) -> Any:
@@ -172,6 +201,43 @@ def _convert_with_float_layers(converter: Any, params: Params, ctx: StageContext
         converter=converter, debug_dataset=_calibration(ctx, params.calibration_samples),
         debug_options=options)
     return bytes(debugger.get_nondebug_quantized_model())
+
+
+def _layer_errors(converter: Any, params: Params, ctx: StageContext) -> list[dict[str, Any]]:
+    """Each quantized op's own error, as the quantization debugger measures it: the op run
+    in float on the same 8-bit inputs against its 8-bit output. Rows as freeze_ranges'
+    layer_errors (node = the output tensor's name, which float_nodes takes back), worst
+    first."""
+    import csv
+    import io
+
+    import tensorflow as tf
+
+    def power(float_tensors: Any, quant_tensors: Any, scale: float, zero_point: int) -> float:
+        return float(np.mean(np.square(np.asarray(float_tensors[0], dtype=np.float64))))
+
+    options = tf.lite.experimental.QuantizationDebugOptions(
+        layer_direct_compare_metrics={"float_power": power})
+    caught: list[str] = []
+    with native_output_held(caught), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        debugger = tf.lite.experimental.QuantizationDebugger(
+            converter=converter, debug_dataset=_calibration(ctx, params.diagnostic_samples),
+            debug_options=options)
+        debugger.run()
+        dump = io.StringIO()
+        debugger.layer_statistics_dump(dump)
+    rows = []
+    for row in csv.DictReader(io.StringIO(dump.getvalue())):
+        scale, mse = float(row["scale"]), float(row["mean_squared_error"])
+        power_value = float(row["float_power"])
+        if not math.isfinite(power_value) or power_value > SANE_POWER:
+            power_value = 0.0  # the debugger's float side read an unset buffer: no nmse
+        rows.append({"node": row["tensor_name"], "op": row["op_name"],
+                     "rmse_over_scale": round(math.sqrt(mse) / scale, 6) if scale else 0.0,
+                     "nmse": float(f"{mse / power_value:.6g}") if power_value > 0 else None,
+                     "scale": float(f"{scale:.6g}")})
+    return sorted(rows, key=lambda r: r["rmse_over_scale"], reverse=True)
 
 
 def _float_ops(flatbuffer: bytes) -> dict[str, int]:
