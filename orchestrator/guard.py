@@ -77,6 +77,12 @@ PASS_THROUGH_OPS = ("Squeeze", "ExpandDims", "Identity")
 
 # What a candidate without any eight-bit op leaves out: quantize_weights stays.
 EIGHT_BIT_OP_STAGES = ("quantize_nodes", "log_ranges", "freeze_ranges")
+# The LiteRT path's quantizer: its int8 mode keeps named ops float (float_nodes), and its
+# weights-only counterpart is dynamic range (int8 weights, float activations).
+LITERT_STAGE = "convert_tflite"
+# LiteRT ops whose weights make them a weight layer.
+LITERT_WEIGHT_OPS = frozenset({"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED",
+                               "TRANSPOSE_CONV", "CONV_3D", "BATCH_MATMUL"})
 
 WEIGHTS_ONLY = "weights_only"
 FLOAT = "float"
@@ -186,7 +192,7 @@ class Trial:
 
     def layer_errors(self) -> list[dict[str, Any]]:
         for outcome in self.outcomes.values():
-            if outcome.node.stage == "freeze_ranges":
+            if outcome.node.stage in ("freeze_ranges", LITERT_STAGE):
                 return list(outcome.info.get("layer_errors") or [])
         return []
 
@@ -204,13 +210,20 @@ class Trial:
                 "seconds": round(self.seconds, 3)}
 
 
+def quantizer_nodes(nodes: list[Node]) -> list[Node]:
+    """The nodes the guard steers: quantize_nodes, or convert_tflite in int8 mode."""
+    return [n for n in nodes if n.stage == "quantize_nodes" or (
+        n.stage == LITERT_STAGE and getattr(n.params, "mode", None) == "int8")]
+
+
 def guarded_pipelines(plan: Plan) -> list[str]:
-    """Pipelines with `quantize_nodes: {guard: true}`, or all 8-bit ones under `tune:`."""
+    """Pipelines with `quantize_nodes: {guard: true}` or `convert_tflite: {mode: int8,
+    guard: true}`, or all 8-bit ones under `tune:`."""
     recipe = plan.recipe.recipe
     tune_on = recipe.tune is not None and recipe.tune.enabled
     found = []
     for name, nodes in plan.pipelines.items():
-        quantize = [n for n in nodes if n.stage == "quantize_nodes"]
+        quantize = quantizer_nodes(nodes)
         if quantize and (tune_on or any(getattr(n.params, "guard", False) for n in quantize)):
             found.append(name)
     return found
@@ -241,6 +254,12 @@ def _stages_with(nodes: list[Node], settings: Settings) -> list[tuple[str, BaseM
             if settings.no_bias_correction:
                 update["bias_correction"] = False
             params = _with(params, **update) if update else params
+        elif node.stage == LITERT_STAGE and getattr(params, "mode", None) == "int8":
+            if not settings.eight_bit_ops:  # LiteRT's weights-only: dynamic range
+                params = _with(params, mode="dynamic_range", float_nodes=[], float_ops=[])
+            elif settings.float_layers:
+                params = _with(params, float_nodes=sorted(
+                    {*params.float_nodes, *settings.float_layers}))
         elif node.stage == "quantize_weights" and settings.float_layers:
             params = _with(params, exclude_nodes=sorted({*own, *settings.float_layers}))
         elif node.stage == "freeze_ranges" and settings.percentile is not None:
@@ -312,6 +331,7 @@ class _Search:
         self.inputs_of: dict[str, list[str]] = {}  # float graph: node -> its data inputs
         self.prefix = ""
         self.reserved = 0  # trials kept back for the weights-only answer
+        self.litert = any(n.stage == LITERT_STAGE for n in quantizer_nodes(nodes))
 
     @property
     def exhausted(self) -> bool:
@@ -415,7 +435,8 @@ class _Search:
         """The answer to "can 8-bit weights do it here at all": every layer computes in
         float from its 8-bit weights (quantize_nodes converts nothing)."""
         settings = Settings(eight_bit_ops=False)
-        trial = self.attempt(settings, "every layer -> weights-only 8-bit")
+        trial = self.attempt(settings, "every layer -> weights-only 8-bit"
+                             f"{' (dynamic range)' if self.litert else ''}")
         if trial is not None:
             self.decide([layer.name for layer in self.layers], "every layer weights-only", best,
                         trial, "meets budgets" if trial.ok else "no 8-bit candidate meets")
@@ -455,8 +476,9 @@ class _Search:
         return bool(weights) and weights <= {*settings.float_layers, *settings.weights_only}
 
     def short_names(self, layers: list[Layer], limit: int = 3) -> str:
-        """Layer names for a console line, without the prefix all layers share."""
-        names = [layer.name[len(self.prefix):] for layer in layers[:limit]]
+        """Layer names for a console line, without the prefix all layers share (a LiteRT
+        op fused from several graph nodes is named by its first)."""
+        names = [layer.name.split(";")[0][len(self.prefix):] for layer in layers[:limit]]
         return ", ".join(names) + (f" and {len(layers) - limit} more"
                                    if len(layers) > limit else "")
 
@@ -509,10 +531,20 @@ class GuardResult:
 
 
 def _verdict(best_full: Trial, everywhere: Trial | None,
-             weights_only_possible: bool) -> str:
+             weights_only_possible: bool, litert: bool = False) -> str:
     """What the search found, in one line, when no full 8-bit candidate met the budgets."""
-    full = (f"the GraphDef eight-bit kernels cannot reach the budget here (closest: trial "
+    kernels = "LiteRT's int8 model" if litert else "the GraphDef eight-bit kernels"
+    full = (f"{kernels} cannot reach the budget here (closest: trial "
             f"{best_full.index}, {best_full.headline}, logits {best_full.closeness:.1f} dB)")
+    if litert:
+        weights = "LiteRT dynamic range (int8 weights, float activations)"
+        if everywhere is None:
+            return f"{full}; {weights} was not tried (tune.timeout_s ran out)"
+        if everywhere.ok:
+            return (f"{full}; {weights} can: {everywhere.headline}, "
+                    f"{everywhere.size_bytes:,} bytes (trial {everywhere.index}), chosen")
+        return (f"{full}, and {weights} cannot either ({everywhere.headline}): no 8-bit "
+                "LiteRT variant of this model meets the budget; keep it in float")
     if not weights_only_possible:
         return (f"{full}; add quantize_weights to the pipeline to let the guard try "
                 "weights-only 8-bit")
@@ -541,7 +573,9 @@ def guard_pipeline(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, 
         return GuardResult(nodes, baseline.outcomes, [baseline.row()])
     if baseline.ok or not _has_quality_budget(plan):
         return GuardResult(nodes, baseline.outcomes, [baseline.row()])
-    quantize = next(n for n in nodes if n.stage == "quantize_nodes")
+    quantize = quantizer_nodes(nodes)[0]
+    if quantize.stage == LITERT_STAGE:
+        return _guard_litert(search, baseline, outcomes[quantize.id], tune)
     graph = data.load_model(quantize.input_model_key).graph_def
     allowed = getattr(quantize.params, "ops", None) or QUANTIZABLE_OPS
     excluded = set(getattr(quantize.params, "exclude_nodes", []) or [])
@@ -561,18 +595,39 @@ def guard_pipeline(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, 
     if not best.ok:  # maybe the ranges clip
         search.try_percentiles(best)
     best = search.best()
+    return _conclude(search, best, tune, weights_only_possible)
+
+
+def _conclude(search: _Search, best: Trial, tune: Tune, weights_only_possible: bool,
+              litert: bool = False) -> GuardResult:
+    """When no full 8-bit candidate met the budgets: the reserved weights-only trial and
+    the verdict; then the result with the chosen trial marked."""
     verdict = None
     if not best.ok:
         everywhere = None
         if weights_only_possible and time.monotonic() - search.started <= tune.timeout_s:
             search.reserved = 0
             everywhere = search.try_weights_only_everywhere(best)
-        verdict = _verdict(best, everywhere, weights_only_possible)
+        verdict = _verdict(best, everywhere, weights_only_possible, litert)
         best = search.best()
     rows = [t.row() for t in search.trials]
     for row in rows:
         row["chosen"] = row["trial"] == best.index
     return GuardResult(best.nodes, best.outcomes, rows, search.decisions, verdict)
+
+
+def _guard_litert(search: _Search, baseline: Trial, converted: NodeOutcome, tune: Tune
+                  ) -> GuardResult:
+    """The LiteRT path: layers are the int8 model's ops the quantization debugger measured
+    (convert_tflite's layer_errors), each taken back to float through float_nodes, worst
+    own error first; the reserved last trial is dynamic range."""
+    rows = list(converted.info.get("layer_errors") or [])
+    search.layers = [Layer(r["node"], (r["node"],), r.get("op") in LITERT_WEIGHT_OPS)
+                     for r in rows if r.get("op") not in ("QUANTIZE", "DEQUANTIZE")]
+    search.prefix = common_prefix([layer.name.split(";")[0] for layer in search.layers])
+    search.reserved = 1
+    search.revert_layers(baseline, weights_only_possible=False)
+    return _conclude(search, search.best(), tune, weights_only_possible=True, litert=True)
 
 
 def apply_guard(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, NodeOutcome],

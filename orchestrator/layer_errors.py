@@ -408,10 +408,10 @@ def console_lines(rows: Sequence[dict[str, Any]], columns: int = 80, count: int 
              f"{'nmse':>9} {'clipped':>8}[/]"]
     for row in worst_first(rows)[:count]:
         mark = "[red]![/]" if (row["rmse_over_scale"] or 0.0) > FLAG_ABOVE else " "
-        clipped = row["clipped_share"]
+        clipped = row.get("clipped_share")  # LiteRT's debugger does not measure it
         label = f"{fit(row['node'], width):<{width}} {fit(row['op'], 12):<12}"
         lines.append(f"    {mark} {escape(label)} "
                      f"{number(row['rmse_over_scale'], '.2f'):>10} "
                      f"{number(row['nmse'], '.2e'):>9} "
-                     f"{number(None if clipped is None else 100 * clipped, '.2f') + '%':>8}")
+                     f"{'-' if clipped is None else format(100 * clipped, '.2f') + '%':>8}")
     return lines
