@@ -8,7 +8,7 @@ produces go back in `StageResult.files` for the store to write.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -112,6 +112,9 @@ class Stage:
     uses_key: its params `key_env`/`key_file` name a model key; the plan loads it up front
     (a missing or bad key is exit 2), puts its key id in the cache key, and the stage gets
     it through `StageContext.model_key`.
+    refuses: kind -> why the stage does not apply to it; the wiring error gives the reason.
+    data_for: params -> recipe data the stage needs with these params (convert_tflite's
+    int8 mode needs representative data, its other modes none); validated up front.
     """
 
     name: str
@@ -127,6 +130,8 @@ class Stage:
     accepts: frozenset[str] = frozenset({"graphdef"})
     produces: str | None = None
     uses_key: bool = False
+    refuses: Mapping[str, str] = field(default_factory=dict)
+    data_for: Callable[[Any], tuple[str, ...]] | None = None
 
 
 def shipped_graph(artifact: ModelArtifact, ctx: StageContext) -> ModelArtifact:

@@ -259,5 +259,11 @@ def _float_ops(flatbuffer: bytes) -> dict[str, int]:
     return dict(found)
 
 
+def data_for(params: Params) -> tuple[str, ...]:
+    """int8 calibrates on the representative data; the other modes need none."""
+    return ("representative",) if params.mode == "int8" else ()
+
+
 STAGE = register(Stage(name="convert_tflite", run=run, params=Params, doc=__doc__ or "",
-                       optional_data=("representative",), produces="tflite"))
+                       optional_data=("representative",), produces="tflite",
+                       data_for=data_for))

@@ -64,4 +64,6 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
 
 
 STAGE = register(Stage(name="memmap", run=run, params=Params, doc=__doc__,
-                       produces="memmapped"))
+                       produces="memmapped",
+                       refuses={"tflite": "a .tflite flatbuffer is memory-mapped as it is: "
+                                "memmap does not apply to the LiteRT path"}))
