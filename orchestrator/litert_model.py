@@ -21,6 +21,10 @@ from orchestrator.native_output import native_output_held
 FILE_IDENTIFIER = b"TFL3"
 
 
+class FlexOpsError(ModelSourceError):
+    """A valid model whose select TF ops (Flex) this interpreter cannot run."""
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     name: str
@@ -37,9 +41,10 @@ class LiteRTFacts:
     outputs: tuple[TensorInfo, ...]
 
 
-def interpreter(data: bytes, num_threads: int | None = None, **kwargs: Any) -> Any:
-    """LiteRT's Interpreter on `data`, tensors allocated. A file it rejects is a
-    ModelSourceError naming the reason."""
+def interpreter(data: bytes, num_threads: int | None = None, allocate: bool = True,
+                **kwargs: Any) -> Any:
+    """LiteRT's Interpreter on `data` (its flatbuffer verified), tensors allocated unless
+    `allocate` is False. A file it rejects is a ModelSourceError naming the reason."""
     from ai_edge_litert.interpreter import Interpreter
 
     if len(data) < 8 or data[4:8] != FILE_IDENTIFIER:
@@ -51,8 +56,14 @@ def interpreter(data: bytes, num_threads: int | None = None, **kwargs: Any) -> A
         with native_output_held(caught):
             runner = Interpreter(model_content=bytes(data), num_threads=num_threads,
                                  **kwargs)
-            runner.allocate_tensors()
+            if allocate:
+                runner.allocate_tensors()
     except (ValueError, RuntimeError) as exc:
+        if "Select TensorFlow op" in str(exc):
+            raise FlexOpsError(
+                "this .tflite uses select TF ops (Flex, from convert_tflite's "
+                "select_tf_ops): the ai-edge-litert interpreter has no Flex delegate, so it "
+                "cannot run here; an app links LiteRT's Flex delegate to run it") from exc
         raise ModelSourceError(f"LiteRT cannot load this .tflite file (corrupt or "
                                f"truncated?): {_first_line(exc)}") from exc
     return runner
@@ -62,7 +73,10 @@ def describe(data: bytes) -> LiteRTFacts:
     """The facts of a valid flatbuffer (verified by the interpreter first)."""
     from ai_edge_litert.tools import flatbuffer_utils
 
-    runner = interpreter(data)
+    try:
+        runner = interpreter(data)
+    except FlexOpsError:  # valid, but its Flex ops cannot be prepared by this interpreter
+        runner = interpreter(data, allocate=False)
     model = flatbuffer_utils.convert_bytearray_to_object(bytearray(data))
     ops: Counter[str] = Counter()
     versions: dict[str, tuple[int, int]] = {}

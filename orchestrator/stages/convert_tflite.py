@@ -178,6 +178,10 @@ def _convert(converter: Any, given: ModelArtifact, params: Params, ctx: StageCon
     except Exception as exc:  # noqa: BLE001  (ConverterError and friends: read the text)
         missing = sorted(set(re.findall(r"'tf\.(\w+)' op is neither a custom op nor a flex "
                                         r"op", str(exc))))
+        if missing and params.select_tf_ops:
+            raise ModelSourceError(
+                f"LiteRT has neither a builtin nor a select-TF-ops (Flex) kernel for "
+                f"{', '.join(missing)}: replace them in the model") from exc
         if missing:
             raise ModelSourceError(
                 f"LiteRT has no builtin kernel for {', '.join(missing)}: set "
@@ -196,7 +200,8 @@ def _convert_with_float_layers(converter: Any, params: Params, ctx: StageContext
 
     options = tf.lite.experimental.QuantizationDebugOptions(
         denylisted_nodes=list(params.float_nodes) or None,
-        denylisted_ops=list(params.float_ops) or None, fully_quantize=True)
+        denylisted_ops=list(params.float_ops) or None,
+        fully_quantize=params.io == "int8")  # True makes the edges int8 too
     debugger = tf.lite.experimental.QuantizationDebugger(
         converter=converter, debug_dataset=_calibration(ctx, params.calibration_samples),
         debug_options=options)

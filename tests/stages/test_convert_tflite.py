@@ -297,9 +297,6 @@ def test_float_nodes_take_the_worst_layer_back_to_float(convert: Any, reference:
     assert agreement(after, reference) >= 0.97
 
 
-@pytest.mark.xfail(strict=True, reason="bug: with float_ops/float_nodes, io: float still "
-                   "gives int8 inputs and outputs (the quantization debugger's "
-                   "fully_quantize=True quantizes the edges too)")
 def test_float_ops_keep_the_float_edges_io_float_asks_for(convert: Any) -> None:
     result = convert(mode="int8", float_ops=["FULLY_CONNECTED"], diagnostic_samples=0)
     assert result.artifact.metadata["tflite"]["io"] == "float"
@@ -343,9 +340,6 @@ def test_an_op_litert_lacks_is_named_with_select_tf_ops(tf_artifact: Any) -> Non
     assert np.allclose(litert_outputs(out.payload, x), np.tanh(x) * 2.0, atol=1e-6)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: select_tf_ops: true converts, but run() then "
-                   "describes the flatbuffer with an interpreter that has no Flex delegate: "
-                   "ModelSourceError 'cannot load this .tflite file (corrupt or truncated?)'")
 def test_select_tf_ops_lets_the_op_run_as_a_tf_op(tf_artifact: Any) -> None:
     artifact = erf_graph(tf_artifact)
     result = apply("convert_tflite", artifact, mode="fp32", select_tf_ops=True)
@@ -353,8 +347,6 @@ def test_select_tf_ops_lets_the_op_run_as_a_tf_op(tf_artifact: Any) -> None:
     assert b"FlexErf" in result.artifact.payload
 
 
-@pytest.mark.xfail(strict=True, reason="bug: an op with neither a builtin nor a Flex kernel "
-                   "still gets 'set select_tf_ops: true' when select_tf_ops is already true")
 def test_an_op_without_flex_kernel_is_not_sent_to_select_tf_ops(tf_artifact: Any) -> None:
     import tensorflow as tf
 
