@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -58,7 +59,8 @@ def build_variant(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, N
         "ram_bytes": int(info.get("peak_memory_bytes") or facts["size_bytes"]),
         "ram_source": ("measured peak (benchmark)" if info.get("peak_memory_bytes")
                        else "model size: add benchmark to measure"),
-        "precision": precision_of(facts["ops"]),
+        # benchmark knows the runtime's precision (a tflite's mode); else the graph's ops
+        "precision": info.get("precision") or precision_of(facts["ops"]),
         "metrics": {k: v for k, v in metrics.items() if isinstance(v, int | float)},
         "warnings": [w for o in own for w in o.warnings],
         "stages": [{"name": o.node.stage, "seconds": round(o.seconds, 4), "cached": o.cached,
@@ -85,26 +87,50 @@ def build_variant(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, N
     return variant
 
 
+# Estimates within this share of the lowest cannot tell variants apart: the measured host
+# latency decides among them (then the size).
+ESTIMATE_TIE = 0.10
+
+
+# A host measurement this much faster than another's is a real difference, not noise.
+MEASURED_NOISE = 0.10
+
+
+def _estimate(variant: Mapping[str, Any], target: str) -> float:
+    est = variant["targets"][target]["est_latency_ms"]
+    return float("inf") if est is None else float(est)
+
+
+def _measured(variant: Mapping[str, Any]) -> float:
+    p50 = (variant.get("latency_ms") or {}).get("p50")
+    return float("inf") if p50 is None else float(p50)
+
+
 def select(variants: Mapping[str, Mapping[str, Any]], target_names: list[str]
            ) -> dict[str, str | None]:
-    """Per target: the variant meeting every budget with the lowest estimated latency, then
-    the smallest size. None when no variant meets the budgets."""
+    """Per target: among the variants meeting every budget, those whose estimated latency
+    is within ESTIMATE_TIE of the lowest; of these the fastest measured on this host, then
+    the smallest. None when no variant meets the budgets."""
     selected: dict[str, str | None] = {}
     for target in target_names:
-        ok = [(name, v) for name, v in variants.items() if v["targets"][target]["budgets_ok"]]
-
-        def rank(item: tuple[str, Mapping[str, Any]], target: str = target) -> tuple:
-            est = item[1]["targets"][target]["est_latency_ms"]
-            return (est if est is not None else float("inf"), item[1]["size_bytes"], item[0])
-
-        selected[target] = min(ok, key=rank)[0] if ok else None
+        ok = {name: v for name, v in variants.items() if v["targets"][target]["budgets_ok"]}
+        if not ok:
+            selected[target] = None
+            continue
+        lowest = min(_estimate(v, target) for v in ok.values())
+        close = [(name, v) for name, v in ok.items()
+                 if _estimate(v, target) <= lowest * (1 + ESTIMATE_TIE)]
+        selected[target] = min(close, key=lambda item: (_measured(item[1]),
+                                                        item[1]["size_bytes"], item[0]))[0]
     return selected
 
 
 def selection_reasons(variants: Mapping[str, Mapping[str, Any]],
                       selected: Mapping[str, str | None]) -> dict[str, dict[str, str]]:
     """Per target and variant, why it was or was not selected, in the words of the rule
-    `select` applies: every budget met, then the lowest estimated latency, then the size."""
+    `select` applies: every budget met, the lowest estimated latency, the measured host
+    latency among estimates that tie, then the size. Where the estimate and this host's
+    measurement rank two variants the opposite way, the reason says so."""
     reasons: dict[str, dict[str, str]] = {}
     for target, chosen in selected.items():
         why: dict[str, str] = {}
@@ -114,23 +140,37 @@ def selection_reasons(variants: Mapping[str, Mapping[str, Any]],
             if not result["budgets_ok"]:
                 why[name] = "breaks a budget: " + "; ".join(result["violations"])
                 continue
-            est = result["est_latency_ms"]
+            est, measured = _estimate(variant, target), _measured(variant)
+            if best is None:
+                continue
             if name == chosen:
                 others = [n for n in variants if n != name
                           and variants[n]["targets"][target]["budgets_ok"]]
+                host = (f"; within {ESTIMATE_TIE:.0%}, the fastest measured on this host, "
+                        f"{measured:.3f} ms p50" if math.isfinite(measured) else "")
                 why[name] = ("selected: meets every budget" + (
-                    f"; lowest estimated latency ({_fmt(est, '.3f')} ms est.), then smallest "
-                    f"size, among {', '.join([name, *others])}" if others else
-                    "; the only variant that does"))
-            elif best is not None:
-                best_est = best["targets"][target]["est_latency_ms"]
-                if est is not None and best_est is not None and est > best_est:
-                    why[name] = (f"meets every budget, but {name}'s estimated latency "
-                                 f"{est:.3f} ms > {chosen}'s {best_est:.3f} ms")
-                else:
-                    why[name] = (f"meets every budget, same estimated latency as {chosen}, "
-                                 f"but larger ({_kib(variant['size_bytes'])} vs "
-                                 f"{_kib(best['size_bytes'])})")
+                    f"; lowest estimated latency ({_fmt(result['est_latency_ms'], '.3f')} ms "
+                    f"est.{host}), then smallest size, among {', '.join([name, *others])}"
+                    if others else "; the only variant that does"))
+                continue
+            best_est, best_measured = _estimate(best, target), _measured(best)
+            both_measured = math.isfinite(measured) and math.isfinite(best_measured)
+            if est > best_est * (1 + ESTIMATE_TIE):
+                why[name] = (f"meets every budget, but {name}'s estimated latency "
+                             f"{est:.3f} ms > {chosen}'s {best_est:.3f} ms")
+                if both_measured and measured < best_measured * (1 - MEASURED_NOISE):
+                    why[name] += (f". Measured on this host it is the faster one "
+                                  f"({measured:.3f} vs {best_measured:.3f} ms p50): the "
+                                  "estimate (FLOPs on the device) and the measurement (this "
+                                  "host's kernels) disagree")
+            elif both_measured and measured > best_measured:
+                why[name] = (f"meets every budget, estimated latency close to {chosen}'s "
+                             f"({est:.3f} vs {best_est:.3f} ms), but slower measured on this "
+                             f"host ({measured:.3f} vs {best_measured:.3f} ms p50)")
+            else:
+                why[name] = (f"meets every budget, same estimated latency as {chosen}, "
+                             f"but larger ({_kib(variant['size_bytes'])} vs "
+                             f"{_kib(best['size_bytes'])})")
         reasons[target] = why
     return reasons
 
@@ -281,8 +321,9 @@ def print_summary(report: Mapping[str, Any], out_dir: Path, console: Any = None)
     # a pipe or CI log gets a wide table instead of rich's 80-column default
     console = console or Console(width=None if sys.stdout.isatty() else 160)
     table = Table(title=f"recipe {report['recipe']}", caption="KiB: 1,024 bytes of the file "
-                  "that ships · est. ms: device latency estimated from FLOPs (budgets and "
-                  "selection use it)")
+                  "that ships · est. ms: device latency estimated from FLOPs (budgets use it; "
+                  "selection too, then the host's measured p50 where estimates are within "
+                  "10%)")
     columns = ["variant", "shipped KiB", "gzip KiB", "params", "host p50 ms\n(measured)",
                "accuracy", "drop", "fidelity"]
     # outputs that are not class scores: their lowest SQNR says more than one fidelity figure

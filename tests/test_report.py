@@ -8,10 +8,11 @@ from orchestrator.recipe_models import Budgets
 from orchestrator.report import select, selection_reasons
 
 
-def variant(size: int, est: float | None, ok: bool = True) -> dict:
+def variant(size: int, est: float | None, ok: bool = True, p50: float | None = None) -> dict:
     violations = [] if ok else [f"size {size} too large"]
     return {"size_bytes": size, "targets": {"t": {"budgets_ok": ok, "est_latency_ms": est,
-                                                  "violations": violations}}}
+                                                  "violations": violations}},
+            **({"latency_ms": {"p50": p50}} if p50 is not None else {})}
 
 
 def test_select_prefers_latency_then_size_among_those_within_budgets() -> None:
@@ -35,6 +36,28 @@ def test_selection_reasons_say_why_each_variant_was_or_was_not_chosen() -> None:
     alone = {"a": variant(10, 1.0), "b": variant(10, 1.0, ok=False)}
     assert selection_reasons(alone, select(alone, ["t"]))["t"]["a"].endswith(
         "the only variant that does")
+
+
+def test_measured_latency_decides_among_estimates_that_tie() -> None:
+    # GraphDef int8 and LiteRT int8 do the same arithmetic (the same estimate), but this
+    # host measures the GraphDef eight-bit kernels 30x slower: the measurement decides
+    variants = {"int8": variant(266, 0.030, p50=1.24), "litert_int8": variant(271, 0.031,
+                                                                             p50=0.033),
+                "fp32": variant(1000, 0.057, p50=0.61)}
+    assert select(variants, ["t"]) == {"t": "litert_int8"}
+    why = selection_reasons(variants, select(variants, ["t"]))["t"]
+    assert "the fastest measured on this host, 0.033 ms p50" in why["litert_int8"]
+    assert why["int8"] == ("meets every budget, estimated latency close to litert_int8's "
+                           "(0.030 vs 0.031 ms), but slower measured on this host (1.240 vs "
+                           "0.033 ms p50)")
+    # beyond the tie the estimate decides, and a measurement pointing the other way is said
+    apart = {"int8": variant(266, 0.030, p50=1.24), "fp32": variant(1000, 0.057, p50=0.61)}
+    assert select(apart, ["t"]) == {"t": "int8"}
+    fp32 = selection_reasons(apart, select(apart, ["t"]))["t"]["fp32"]
+    assert fp32.startswith("meets every budget, but fp32's estimated latency 0.057 ms > "
+                           "int8's 0.030 ms. Measured on this host it is the faster one "
+                           "(0.610 vs 1.240 ms p50)")
+    assert "disagree" in fp32
 
 
 def test_check_budgets_names_each_violation() -> None:

@@ -37,6 +37,7 @@ from pydantic import Field, NonNegativeInt, PositiveInt
 
 from orchestrator.devices import estimate_latency_ms, precision_of
 from orchestrator.host import describe
+from orchestrator.kinds import runnable
 from orchestrator.model import ModelArtifact
 from orchestrator.stages import register
 from orchestrator.stages.base import ANY_KIND, Stage, StageContext, StageParams, StageResult
@@ -59,14 +60,14 @@ class Params(StageParams):
 
 
 def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
-    from orchestrator.kinds import runnable
-    from orchestrator.runtime import GraphRunner
+    from orchestrator.kinds import unwrapped
+    from orchestrator.runtime import open_runner
 
-    # a memmapped or encrypted model runs as the graph rebuilt from it (decrypted in memory)
-    artifact = runnable(given, ctx.model_key)
     threads = params.threads or os.cpu_count() or 1
     warnings: list[str] = []
-    with GraphRunner.for_artifact(artifact, intra_op_threads=threads) as runner:
+    # a memmapped or encrypted model runs as the graph rebuilt from it (decrypted in
+    # memory), a tflite model in LiteRT's interpreter
+    with open_runner(given, ctx.model_key, intra_op_threads=threads) as runner:
         batch = runner.fixed_batch_size() or params.batch_size
         feeds = _inputs(runner, ctx, batch)
         times_ms = []
@@ -74,18 +75,30 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
             start = time.perf_counter()
             runner.run(*feeds)
             times_ms.append((time.perf_counter() - start) * 1000.0)
-        peak = _traced_peak_memory(runner, feeds) if params.memory else None
+        traced = params.memory and hasattr(runner, "session")
+        peak = _traced_peak_memory(runner, feeds) if traced else None
 
     latency = latency_stats(times_ms[0], times_ms[params.warmup:])
-    op_counts = Counter(node.op for node in artifact.graph_def.node)
-    precision = precision_of(op_counts)
-    one_sample = {name: (1, *feed.shape[1:]) for name, feed in
-                  zip(artifact.input_names, feeds, strict=True) if feed.ndim > 0}
-    try:
-        flops: int | None = count_flops(artifact.graph_def, one_sample, warnings)
-    except (ValueError, TypeError) as exc:  # shapes the profiler cannot resolve
-        flops = None
-        warnings.append(f"FLOPs not counted: {exc}")
+    opened = unwrapped(given, ctx.model_key)
+    flops: int | None
+    if opened.kind == "tflite":  # no graph to profile: the graph it was converted from
+        tflite = opened.metadata.get("tflite") or {}
+        flops = tflite.get("flops")
+        precision = "int8" if tflite.get("mode") == "int8" else "float32"
+        if flops is None:
+            warnings.append("FLOPs not counted: the .tflite does not record the FLOPs of "
+                            "the graph it was converted from")
+    else:
+        artifact = runnable(given, ctx.model_key)
+        op_counts = Counter(node.op for node in artifact.graph_def.node)
+        precision = precision_of(op_counts)
+        one_sample = {name: (1, *feed.shape[1:]) for name, feed in
+                      zip(artifact.input_names, feeds, strict=True) if feed.ndim > 0}
+        try:
+            flops = count_flops(artifact.graph_def, one_sample, warnings)
+        except (ValueError, TypeError) as exc:  # shapes the profiler cannot resolve
+            flops = None
+            warnings.append(f"FLOPs not counted: {exc}")
 
     info: dict[str, Any] = {"latency_ms": latency, "batch_size": batch, "threads": threads,
                             "precision": precision, "flops": flops, "host": describe()}
@@ -117,8 +130,8 @@ def latency_stats(first_ms: float, timed_ms: Sequence[float]) -> dict[str, float
 
 def _inputs(runner: Any, ctx: StageContext, batch: int) -> list[np.ndarray]:
     """One array per model input: the first from the recipe's data when it has some."""
-    feeds = [_random_input(tensor, batch, seed=i) for i, tensor in
-             enumerate(runner.input_tensors)]
+    feeds = [_random_input(shape, dtype, batch, seed=i) for i, (shape, dtype) in
+             enumerate(runner.input_specs())]
     data = None
     if ctx.evaluation is not None:
         data = ctx.evaluation().inputs
@@ -130,12 +143,11 @@ def _inputs(runner: Any, ctx: StageContext, batch: int) -> list[np.ndarray]:
     return feeds
 
 
-def _random_input(tensor: Any, batch: int, seed: int) -> np.ndarray:
-    """Random data of the tensor's dtype and shape: batch first, unknown dimensions 1."""
-    shape = tensor.shape
-    dims = () if shape.rank is None else tuple(
-        (batch if i == 0 else 1) if d is None else d for i, d in enumerate(shape.as_list()))
-    dtype = np.dtype(tensor.dtype.as_numpy_dtype)
+def _random_input(shape: list[int | None] | None, dtype: np.dtype, batch: int, seed: int
+                  ) -> np.ndarray:
+    """Random data of the input's dtype and shape: batch first, unknown dimensions 1."""
+    dims = () if shape is None else tuple(
+        (batch if i == 0 else 1) if d is None else d for i, d in enumerate(shape))
     rng = np.random.default_rng(seed)
     if dtype == np.bool_:
         return rng.random(dims) < 0.5

@@ -73,13 +73,16 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
     converter = _converter(given, params, ctx)
     flatbuffer = _convert(converter, given, params, ctx)
     facts = describe(flatbuffer)
+    warnings: list[str] = []
+    # the same arithmetic as the graph's: what benchmark's device estimates start from
+    flops = _graph_flops(given, warnings)
     artifact = ModelArtifact(graph_def=None, kind="tflite", payload=flatbuffer,
                              inputs=given.inputs, outputs=given.outputs,
                              metadata={**given.metadata,
-                                       "tflite": {"mode": params.mode, "io": params.io}})
+                                       "tflite": {"mode": params.mode, "io": params.io,
+                                                  "flops": flops}})
     graph_bytes = len(given.graph_bytes())
     float_ops = _float_ops(flatbuffer) if params.mode == "int8" else {}
-    warnings = []
     info: dict[str, Any] = {}
     metrics: dict[str, float] = {}
     if params.mode == "int8" and params.diagnostic_samples:
@@ -108,6 +111,19 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
                       "float_ops": float_ops, "float_nodes": list(params.float_nodes),
                       "float_op_types": list(params.float_ops)}
     return StageResult(artifact=artifact, metrics=metrics, info=info, warnings=warnings)
+
+
+def _graph_flops(given: ModelArtifact, warnings: list[str]) -> int | None:
+    """FLOPs of one sample through the graph (the v1 profiler, as benchmark counts them)."""
+    from orchestrator.stages.benchmark import count_flops
+
+    one_sample = {spec.name: (1, *[d or 1 for d in spec.shape[1:]]) for spec in given.inputs
+                  if spec.shape}
+    try:
+        return count_flops(given.graph_def, one_sample, warnings)
+    except (ValueError, TypeError) as exc:
+        warnings.append(f"FLOPs not counted: {exc}")
+        return None
 
 
 def _concrete_function(given: ModelArtifact) -> Any:
