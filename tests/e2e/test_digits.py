@@ -72,7 +72,29 @@ def test_report_has_every_spec_field(digits_run: dict) -> None:
     assert [s["name"] for s in fp32["stages"]] == ["freeze", "strip", "fold", "benchmark",
                                                     "evaluate"]
     assert REPORT_FIELDS <= set(report["variants"]["int8"])
-    assert report["selected"] == {"phone": "int8", "pi": "int8"}
+    # the estimate ties GraphDef int8 and LiteRT int8 (same arithmetic); this host measures
+    # LiteRT's int8 kernels faster, and that decides
+    assert report["selected"] == {"phone": "litert_int8", "pi": "litert_int8"}
+    why = report["selection_reasons"]["phone"]
+    assert "slower measured on this host" in why["int8"]
+
+
+def test_litert_variants_beside_the_graphdef_ones(digits_run: dict) -> None:
+    report = digits_run["reports"][0]
+    fp32 = report["variants"]["fp32"]
+    for name in ("litert_int8", "litert_dynamic"):
+        lite = report["variants"][name]
+        assert lite["kind"] == "tflite" and lite["artifact"] == f"{name}/model.tflite"
+        assert (digits_run["work"] / "out1" / name / "model.tflite").is_file()
+        # int8 weights: about a quarter of the float graph (issue goal: <= 0.27)
+        assert lite["size_bytes"] <= 0.27 * fp32["size_bytes"], name
+        assert fp32["accuracy"] - lite["accuracy"] <= 0.005, name
+        assert lite["flops"] == fp32["flops"]  # the same arithmetic as its source graph
+        assert {"CONV_2D", "FULLY_CONNECTED"} <= set(lite["ops"])
+    lite = report["variants"]["litert_int8"]
+    assert lite["precision"] == "int8"
+    # measured in this run: LiteRT's int8 kernels beat the float graph on this host
+    assert lite["latency_ms"]["p50"] < fp32["latency_ms"]["p50"]
 
 
 def test_int8_meets_the_size_and_accuracy_bounds(digits_run: dict) -> None:
