@@ -510,10 +510,12 @@ def _check_wiring(recipe: Recipe, stages: dict[str, list[tuple[str, BaseModel]]]
                                      f"the same lineage (pipeline {name!r} and its from: chain); "
                                      f"found before it: {', '.join(earlier) or 'nothing'}",
                                      path, loc, marks)
-            for role in stage.uses_data:
+            because = stage.data_for(params) if stage.data_for is not None else {}
+            for role in (*stage.uses_data, *because):
                 if getattr(recipe.data, role) is None:
-                    raise make_error(RecipeError, f"{stage_name} needs data.{role}, which the "
-                                     "recipe does not define", path, loc, marks)
+                    why = f" ({because[role]})" if role in because else ""
+                    raise make_error(RecipeError, f"{stage_name} needs data.{role}{why}, "
+                                     "which the recipe does not define", path, loc, marks)
             earlier.append(stage_name)
 
 
@@ -624,9 +626,11 @@ def _check_kinds(recipe: Recipe, stages: dict[str, list[tuple[str, BaseModel]]],
                 stage = get_stage(stage_name)
                 loc: Loc = ("pipelines", pipeline, "stages", index)
                 if kind not in stage.accepts:
+                    reason = stage.refuses.get(kind)
                     raise make_error(RecipeError, f"{stage_name} accepts "
                                      f"{' or '.join(sorted(stage.accepts))}; found {kind} "
-                                     f"(made by {maker})", path, loc, marks)
+                                     f"(made by {maker})" + (f": {reason}" if reason else ""),
+                                     path, loc, marks)
                 if stage.produces is not None and stage.produces != kind:
                     line, column = marks.get(loc, (None, None))
                     kind = stage.produces

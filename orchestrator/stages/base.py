@@ -113,8 +113,9 @@ class Stage:
     (a missing or bad key is exit 2), puts its key id in the cache key, and the stage gets
     it through `StageContext.model_key`.
     refuses: kind -> why the stage does not apply to it; the wiring error gives the reason.
-    data_for: params -> recipe data the stage needs with these params (convert_tflite's
-    int8 mode needs representative data, its other modes none); validated up front.
+    data_for: params -> {recipe data role: why} the stage needs with these params
+    (convert_tflite's int8 mode calibrates on representative data, its other modes need
+    none); validated up front.
     """
 
     name: str
@@ -131,7 +132,7 @@ class Stage:
     produces: str | None = None
     uses_key: bool = False
     refuses: Mapping[str, str] = field(default_factory=dict)
-    data_for: Callable[[Any], tuple[str, ...]] | None = None
+    data_for: Callable[[Any], Mapping[str, str]] | None = None
 
 
 def shipped_graph(artifact: ModelArtifact, ctx: StageContext) -> ModelArtifact:

@@ -280,9 +280,10 @@ def _float_ops(flatbuffer: bytes) -> dict[str, int]:
     return dict(found)
 
 
-def data_for(params: Params) -> tuple[str, ...]:
+def data_for(params: Params) -> dict[str, str]:
     """int8 calibrates on the representative data; the other modes need none."""
-    return ("representative",) if params.mode == "int8" else ()
+    return {"representative": "mode int8 calibrates its activation ranges on it; mode "
+            "dynamic_range needs no data"} if params.mode == "int8" else {}
 
 
 STAGE = register(Stage(name="convert_tflite", run=run, params=Params, doc=__doc__ or "",

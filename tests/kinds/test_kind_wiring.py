@@ -24,6 +24,14 @@ CASES = [
     # the first stage of a `from:` child sees its parent's last kind (benchmark passes it on)
     ("kind_quantize_nodes_after_encrypt.yaml", 10, "pipelines.int8.stages.0",
      ["quantize_weights accepts graphdef; found encrypted (made by encrypt at"]),
+    # a flatbuffer is mapped as it is: the error says why memmap does not apply
+    ("kind_memmap_after_tflite.yaml", 10, "pipelines.lite.stages.2",
+     ["memmap accepts graphdef; found tflite (made by convert_tflite at",
+      "memory-mapped as it is: memmap does not apply to the LiteRT path"]),
+    # int8 calibrates on representative data; dynamic_range (line 9) needs none
+    ("tflite_int8_without_data.yaml", 13, "pipelines.lite8.stages.1",
+     ["convert_tflite needs data.representative (mode int8 calibrates",
+      "mode dynamic_range needs no data"]),
 ]
 
 
@@ -57,11 +65,16 @@ def test_the_table_of_kinds() -> None:
     from orchestrator.kinds import KIND_MODULES
     from orchestrator.stages import get_stage
 
-    for name in ("benchmark", "evaluate", "ops_header", "graph_view"):
+    for name in ("benchmark", "evaluate", "ops_header"):
         assert get_stage(name).accepts == frozenset(KIND_MODULES)
+    # a flatbuffer has no GraphDef to draw
+    assert get_stage("graph_view").accepts == frozenset(KIND_MODULES) - {"tflite"}
     assert (get_stage("memmap").accepts, get_stage("memmap").produces) == (
         frozenset({"graphdef"}), "memmapped")
-    assert get_stage("encrypt").accepts == frozenset({"graphdef", "memmapped"})
+    assert "tflite" in get_stage("memmap").refuses
+    assert (get_stage("convert_tflite").accepts, get_stage("convert_tflite").produces) == (
+        frozenset({"graphdef"}), "tflite")
+    assert get_stage("encrypt").accepts == frozenset({"graphdef", "memmapped", "tflite"})
     assert get_stage("encrypt").produces == "encrypted"
     assert get_stage("fold").accepts == frozenset({"graphdef"})
 
