@@ -95,14 +95,14 @@ def model_files(name: str, work: Path, quick: bool) -> tuple[Path, Path]:
     """(model path, data.npz) for `name`, built into `work` once."""
     if name == "digits":
         return DIGITS / "saved_model", DIGITS / "data.npz"
-    if name == "xception":
-        folder = work / "xception_model"
+    if name == "xception":  # the model benchmarks/mini_xception.py trains, shared with it
+        folder = ROOT / ".orchestrator" / "bench" / "mini_xception" / "model"
         folder.mkdir(parents=True, exist_ok=True)
         build_model(folder, epochs=1 if quick else None)
         return folder / "model.keras", folder / "data.npz"
     from onet import build_data
 
-    folder = work / "onet_model"
+    folder = ROOT / ".orchestrator" / "bench" / "onet" / "model"  # as benchmarks/onet.py
     folder.mkdir(parents=True, exist_ok=True)
     build_data(folder)
     return folder / "saved_model", folder / "data.npz"
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="digits only, 20 timed runs: proves the script still works")
     args = parser.parse_args(argv)
     models = ["digits"] if args.quick else args.models.split(",")
-    bench = "{threads: 1, runs: 20, profile_runs: 0}" if args.quick else "{threads: 1, runs: 200}"
+    bench = "{threads: 1, runs: 20}" if args.quick else "{threads: 1, runs: 200}"
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     missed: list[str] = []

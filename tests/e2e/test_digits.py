@@ -186,3 +186,21 @@ def test_mlflow_has_parent_and_nested_runs(digits_run: dict) -> None:
     assert "model/model.pb" in model_files
     parent_files = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"report.json", "recipe"} <= parent_files
+
+
+def test_fp32_flops_equal_tf_profilers_run_by_hand(digits_run: dict) -> None:
+    """report.json's FLOPs for the fp32 graph are what TF's own v1 profiler counts."""
+    import tensorflow as tf
+
+    report = digits_run["reports"][0]
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.ParseFromString((digits_run["work"] / "out1" / "fp32" / "model.pb").read_bytes())
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.import_graph_def(graph_def, name="")  # its input is fixed at [1, 8, 8, 1]
+    options = tf.compat.v1.profiler.ProfileOptionBuilder.float_operation()
+    options["output"] = "none"
+    by_hand = tf.compat.v1.profiler.profile(graph, options=options).total_float_ops
+    # conv1 3x3x1x16 and conv2 3x3x16x32 over 8x8, dense 2048x128 and 128x10: 2 per MAC
+    assert by_hand > 2 * (8 * 8 * 9 * 16 + 8 * 8 * 9 * 16 * 32 + 2048 * 128 + 128 * 10)
+    assert report["variants"]["fp32"]["flops"] == by_hand
