@@ -19,7 +19,9 @@ the source's values:
 - every float output: `logit_sqnr_db.<output>`, the SQNR in the domain before the output's
   squashing, where a small move is still visible: the logits recovered from softmax rows
   (log-probabilities, centred per row) or from sigmoid probabilities (log(p / (1 - p))),
-  the values themselves otherwise. Softmax saturates: a probability SQNR or a top-1
+  the values themselves otherwise. An output quantized on the device (LiteRT's int8
+  softmax has 1/256 steps) is compared above half its step: below it, it has no values.
+  Softmax saturates: a probability SQNR or a top-1
   agreement hardly moves while the logits drift, so this is what the accuracy guard ranks
   its candidates by. Softmax rows also get `kl_divergence.<output>`, the mean
   KL(source || this) in nats.
@@ -66,6 +68,8 @@ OUTPUT_METRICS = ("top1_agreement", "sqnr_db", "cosine", "max_abs_error",
                   "threshold_agreement", "logit_sqnr_db", "kl_divergence")
 # probabilities are clipped this far from 0 and 1 before taking logs
 PROBABILITY_EPSILON = 1e-7
+# An output with at most this many distinct values, all on one grid, was quantized.
+QUANTIZED_LEVELS = 256
 
 
 class Params(StageParams):
@@ -222,11 +226,25 @@ def compare(outputs: np.ndarray, reference: np.ndarray, kind: str) -> dict[str, 
     if kind == PROBABILITIES:
         figures["threshold_agreement"] = threshold_agreement(outputs, reference)
     if kind != CLASS_INDICES:
-        figures["logit_sqnr_db"] = sqnr_db(logits(outputs, reference, kind),
-                                           logits(reference, reference, kind))
+        # below an 8-bit output's step (LiteRT's int8 softmax: 1/256) probabilities are 0
+        # there: both sides are floored at half a step, else log(0) would swamp the figure
+        floor = max(PROBABILITY_EPSILON, grid_step(outputs) / 2)
+        figures["logit_sqnr_db"] = sqnr_db(logits(outputs, reference, kind, floor),
+                                           logits(reference, reference, kind, floor))
     if kind == CLASS_SCORES and _is_softmax(reference):
         figures["kl_divergence"] = kl_divergence(outputs, reference)
     return figures
+
+
+def grid_step(values: np.ndarray) -> float:
+    """The step of the grid every value lies on, for an output quantized on the device
+    (at most 256 levels per tensor, so few distinct values); 0.0 for a float output."""
+    distinct = np.unique(np.asarray(values, np.float64).ravel())
+    if len(distinct) < 2 or len(distinct) > QUANTIZED_LEVELS:
+        return 0.0
+    step = float(np.min(np.diff(distinct)))
+    steps = (distinct - distinct[0]) / step
+    return step if np.allclose(steps, np.round(steps), atol=1e-3) else 0.0
 
 
 def _is_softmax(values: np.ndarray) -> bool:
@@ -235,7 +253,8 @@ def _is_softmax(values: np.ndarray) -> bool:
             and np.allclose(values.sum(axis=1), 1.0, atol=ROW_SUM_TOLERANCE))
 
 
-def logits(values: np.ndarray, reference: np.ndarray, kind: str) -> np.ndarray:
+def logits(values: np.ndarray, reference: np.ndarray, kind: str,
+           floor: float = PROBABILITY_EPSILON) -> np.ndarray:
     """`values` in the domain before their squashing, judged by the `reference`'s kind:
     softmax rows -> log-probabilities centred per row (the logits, up to the constant
     softmax ignores); sigmoid probabilities -> log(p / (1 - p)); anything else as it is
@@ -243,10 +262,10 @@ def logits(values: np.ndarray, reference: np.ndarray, kind: str) -> np.ndarray:
     values = np.asarray(values, np.float64)
     if kind == CLASS_SCORES:
         if _is_softmax(reference):
-            values = np.log(np.clip(values, PROBABILITY_EPSILON, 1.0))
+            values = np.log(np.clip(values, floor, 1.0))
         return values - values.mean(axis=1, keepdims=True)
     if kind == PROBABILITIES:
-        p = np.clip(values, PROBABILITY_EPSILON, 1.0 - PROBABILITY_EPSILON)
+        p = np.clip(values, floor, 1.0 - floor)
         return np.log(p) - np.log1p(-p)
     return values
 

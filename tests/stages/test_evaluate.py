@@ -274,3 +274,26 @@ def test_real_valued_rows_are_logits_only_with_labels() -> None:
     assert output_kind(boxes, labelled=True) == CLASS_SCORES
     softmax = np.exp(boxes) / np.exp(boxes).sum(axis=1, keepdims=True)
     assert output_kind(softmax, labelled=False) == CLASS_SCORES
+
+
+def test_an_output_quantized_on_the_device_is_compared_above_half_its_step() -> None:
+    from orchestrator.stages.evaluate import compare, grid_step, logits, sqnr_db
+
+    rng = np.random.default_rng(0)
+    logits_ = rng.normal(0, 4, (200, 7))
+    probs = np.exp(logits_) / np.exp(logits_).sum(axis=1, keepdims=True)
+    quantized = np.round(probs * 256) / 256  # LiteRT's int8 softmax output, dequantized
+    assert grid_step(probs) == 0.0  # a float output has no grid
+    assert grid_step(quantized) == pytest.approx(1 / 256)
+    figures = compare(quantized, probs, "class_scores")
+    # most small probabilities are exact zeros on the grid; above half a step the logits
+    # still agree well, as the top-1 agreement says
+    assert (quantized == 0).mean() > 0.2
+    assert figures["top1_agreement"] > 0.97
+    assert figures["logit_sqnr_db"] > 15.0
+    # without the floor, log(0) clipped at 1e-7 swamps the figure
+    unfloored = sqnr_db(logits(quantized, probs, "class_scores"),
+                        logits(probs, probs, "class_scores"))
+    assert unfloored < figures["logit_sqnr_db"] - 10
+    # the same rounding of a float output, not on a grid, keeps the fine floor
+    assert compare(probs * (1 + 1e-6), probs, "class_scores")["logit_sqnr_db"] > 100
