@@ -58,6 +58,15 @@ class Params(StageParams):
     float_ops: list[str] = Field(
         [], description="int8 mode: builtin op types kept in float, e.g. [MEAN] "
         "(the quantization debugger's denylisted_ops).")
+    per_channel: bool = Field(
+        True, description="int8 / dynamic_range: one scale per output channel of a weight "
+        "(more accurate). Each channel costs 12 bytes of quantization params (a float32 "
+        "scale, an int64 zero point): on small models of thin layers that is a fifth of "
+        "the file; false keeps one scale per tensor.")
+    strip_names: bool = Field(
+        False, description="Drop tensor names and signatures from the shipped file "
+        "(LiteRT's strip_strings): a few % smaller; the app then finds its input and output "
+        "by index, not name.")
     diagnostic_samples: NonNegativeInt = Field(
         50, description="int8 mode: representative samples on which the quantization "
         "debugger measures each layer's own error (rmse/scale, nmse); 0: none.")
@@ -72,6 +81,8 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
 
     converter = _converter(given, params, ctx)
     flatbuffer = _convert(converter, given, params, ctx)
+    if params.strip_names:
+        flatbuffer = _stripped(flatbuffer)
     facts = describe(flatbuffer)
     warnings: list[str] = []
     # the same arithmetic as the graph's: what benchmark's device estimates start from
@@ -166,6 +177,8 @@ def _converter(given: ModelArtifact, params: Params, ctx: StageContext) -> Any:
             converter.inference_output_type = tf.int8
     if params.select_tf_ops:
         ops.append(tf.lite.OpsSet.SELECT_TF_OPS)
+    if not params.per_channel:
+        converter._experimental_disable_per_channel = True  # the converter's only switch
     converter.target_spec.supported_ops = ops
     return converter
 
@@ -222,6 +235,15 @@ def _convert_with_float_layers(converter: Any, params: Params, ctx: StageContext
         converter=converter, debug_dataset=_calibration(ctx, params.calibration_samples),
         debug_options=options)
     return bytes(debugger.get_nondebug_quantized_model())
+
+
+def _stripped(flatbuffer: bytes) -> bytes:
+    """The model without tensor names, subgraph names and signatures."""
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(flatbuffer))
+    flatbuffer_utils.strip_strings(model)
+    return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
 
 
 def _layer_errors(converter: Any, params: Params, ctx: StageContext) -> list[dict[str, Any]]:
