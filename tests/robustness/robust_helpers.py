@@ -353,15 +353,24 @@ def is_per_run(key: str) -> bool:
                                    and not key.startswith(("est_", "max_", "min_")))
 
 
+# Host latencies quoted in a selection reason ("slower measured on this host (2.1 vs 0.03
+# ms p50)") are this run's measurements, and so is whether a measurement disagrees with
+# the estimate by more than noise on a loaded machine.
+_MEASURED_IN_TEXT = re.compile(r"\d+\.\d+(?= ms p50| vs \d+\.\d+ ms p50)")
+_DISAGREEMENT = re.compile(r"\. Measured on this host it is the faster one .*? disagree")
+
+
 def comparable_report(report: Any, out_dir: Path | None = None) -> Any:
-    """The report without per-run fields (recursively), output paths made generic."""
+    """The report without per-run fields (recursively), output paths made generic, host
+    latencies quoted in text masked."""
     if isinstance(report, dict):
         return {k: comparable_report(v, out_dir) for k, v in report.items()
                 if not is_per_run(str(k))}
     if isinstance(report, list):
         return [comparable_report(v, out_dir) for v in report]
-    if isinstance(report, str) and out_dir is not None:
-        return report.replace(str(out_dir), "<OUT>")
+    if isinstance(report, str):
+        masked = _MEASURED_IN_TEXT.sub("<ms>", _DISAGREEMENT.sub("", report))
+        return masked.replace(str(out_dir), "<OUT>") if out_dir is not None else masked
     return report
 
 
