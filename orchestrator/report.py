@@ -67,7 +67,8 @@ def build_variant(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, N
                     **({"warnings": o.warnings} if o.warnings else {})} for o in own],
     }
     for key in ("ranges", "memmap", "encryption", "outputs", "layer_errors", "float_nodes",
-                "bias_correction", "equalized", "host", "threads"):
+                "bias_correction", "equalized", "host", "threads", "threads_matrix",
+                "profile", "latency_runs_ms"):
         if key in info:
             variant[key] = info[key]
     keyed = [n for n in nodes if n.key_id is not None and n.key_id in plan.keys]

@@ -77,6 +77,21 @@ class GraphRunner:
         return [(None if t.shape.rank is None else t.shape.as_list(),
                  np.dtype(t.dtype.as_numpy_dtype)) for t in self.input_tensors]
 
+    def node_timings(self, feeds: Sequence[np.ndarray], runs: int) -> list[Any]:
+        """Each node's timing over `runs` traced runs (step stats), as profiling records."""
+        import tensorflow as tf
+
+        from orchestrator.profiling import from_step_stats
+
+        options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+        traced = []
+        for _ in range(runs):
+            metadata = tf.compat.v1.RunMetadata()
+            self.run(*feeds, options=options, run_metadata=metadata)
+            traced.append(metadata.step_stats)
+        op_types = {op.name: op.type for op in self.graph.get_operations()}
+        return from_step_stats(traced, op_types)
+
     def fixed_batch_size(self) -> int | None:
         """The first input's batch dimension when the graph fixes it (e.g. 1), else None."""
         shape = self.input_tensors[0].shape

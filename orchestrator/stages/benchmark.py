@@ -30,7 +30,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 from pydantic import Field, NonNegativeInt, PositiveInt
@@ -53,30 +53,45 @@ class Params(StageParams):
     runs: PositiveInt = Field(50, description="Timed runs.")
     batch_size: PositiveInt = Field(
         1, description="Samples per run (a model with a fixed batch size uses its own).")
-    threads: PositiveInt | None = Field(
-        None, description="Intra-op threads; default: this machine's core count, as a phone "
-        "app uses all its cores. Inter-op threads are always 1 (ops run serially).")
+    threads: PositiveInt | Annotated[list[PositiveInt], Field(min_length=1)] | None = Field(
+        None, description="Intra-op threads, or a list of settings, e.g. [1, 2, 4], each "
+        "timed and reported (`threads_matrix`); `latency_ms` is the first. Default: this "
+        "machine's core count, as a phone app uses all its cores. Inter-op threads are "
+        "always 1 (ops run serially).")
     memory: bool = Field(True, description="Estimate peak memory with one extra traced run.")
+    profile_runs: NonNegativeInt = Field(
+        20, description="Extra traced runs for the per-node profile (profile_top.tsv, "
+        "profile_by_type.tsv), at the first threads setting; 0: none. Not in the timings.")
 
 
 def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
     from orchestrator.kinds import unwrapped
     from orchestrator.runtime import open_runner
 
-    threads = params.threads or os.cpu_count() or 1
+    settings = (params.threads if isinstance(params.threads, list)
+                else [params.threads or os.cpu_count() or 1])
+    threads = settings[0]
     warnings: list[str] = []
+    matrix: list[dict[str, Any]] = []
+    files: dict[str, bytes] = {}
+    profile: dict[str, Any] | None = None
+    peak = None
     # a memmapped or encrypted model runs as the graph rebuilt from it (decrypted in
     # memory), a tflite model in LiteRT's interpreter
-    with open_runner(given, ctx.model_key, intra_op_threads=threads) as runner:
-        batch = runner.fixed_batch_size() or params.batch_size
-        feeds = _inputs(runner, ctx, batch)
-        times_ms = []
-        for _ in range(params.warmup + params.runs):
-            start = time.perf_counter()
-            runner.run(*feeds)
-            times_ms.append((time.perf_counter() - start) * 1000.0)
-        traced = params.memory and hasattr(runner, "session")
-        peak = _traced_peak_memory(runner, feeds) if traced else None
+    for index, setting in enumerate(settings):
+        with open_runner(given, ctx.model_key, intra_op_threads=setting) as runner:
+            batch = runner.fixed_batch_size() or params.batch_size
+            feeds = _inputs(runner, ctx, batch)
+            runs_ms = _timed_runs(runner, feeds, params.warmup + params.runs)
+            matrix.append({"threads": setting,
+                           "latency_ms": latency_stats(runs_ms[0], runs_ms[params.warmup:])})
+            if index > 0:  # the first setting is `latency_ms`, profiled and traced
+                continue
+            times_ms = runs_ms
+            if params.memory and hasattr(runner, "session"):
+                peak = _traced_peak_memory(runner, feeds)
+            if params.profile_runs:
+                profile, files = _profile(runner, feeds, params.profile_runs)
 
     latency = latency_stats(times_ms[0], times_ms[params.warmup:])
     opened = unwrapped(given, ctx.model_key)
@@ -101,7 +116,11 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
             warnings.append(f"FLOPs not counted: {exc}")
 
     info: dict[str, Any] = {"latency_ms": latency, "batch_size": batch, "threads": threads,
-                            "precision": precision, "flops": flops, "host": describe()}
+                            "threads_matrix": matrix, "precision": precision, "flops": flops,
+                            "host": describe(),
+                            "latency_runs_ms": [round(t, 4) for t in
+                                                times_ms[params.warmup:]],
+                            "profile": profile}
     metrics: dict[str, float] = {"latency_p50_ms": latency["p50"],
                                  "latency_mean_ms": latency["mean"]}
     if flops is not None:
@@ -113,7 +132,35 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
     if peak is not None:
         info["peak_memory_bytes"] = peak
         metrics["peak_memory_bytes"] = float(peak)
-    return StageResult(artifact=given, metrics=metrics, info=info, warnings=warnings)
+    return StageResult(artifact=given, metrics=metrics, info=info, warnings=warnings,
+                       files=files)
+
+
+def _timed_runs(runner: Any, feeds: list[np.ndarray], count: int) -> list[float]:
+    """Wall time of each of `count` runs, in ms."""
+    times_ms = []
+    for _ in range(count):
+        start = time.perf_counter()
+        runner.run(*feeds)
+        times_ms.append((time.perf_counter() - start) * 1000.0)
+    return times_ms
+
+
+def _profile(runner: Any, feeds: list[np.ndarray], runs: int
+             ) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """report.json's `profile` and the two TSVs, from the runner's own per-node timing."""
+    from orchestrator import profiling
+
+    timings = runner.node_timings(feeds, runs)
+    if timings is None:  # LiteRT's Python interpreter has no op profiler
+        from orchestrator.litert_runtime import NO_PROFILE_NOTE
+
+        return {"source": None, "note": NO_PROFILE_NOTE}, {}
+    top, by_type = profiling.top_rows(timings), profiling.by_type_rows(timings)
+    files = {profiling.TOP_FILE: profiling.tsv(top, profiling.TOP_COLUMNS),
+             profiling.BY_TYPE_FILE: profiling.tsv(by_type, profiling.BY_TYPE_COLUMNS)}
+    return {"source": "step_stats", "runs": runs, "by_node_type": by_type,
+            "top_nodes": top[:10]}, files
 
 
 def latency_stats(first_ms: float, timed_ms: Sequence[float]) -> dict[str, float]:

@@ -130,3 +130,37 @@ def test_unknown_shapes_are_reported_not_hidden() -> None:
     # the input's batch left unknown: the profiler cannot count the MatMul
     assert count_flops(matmul_artifact().graph_def, {}, warnings) == 0
     assert warnings and "incomplete shapes" in warnings[0]
+
+
+def test_threads_matrix_runs_each_setting_and_profile_tables_add_up() -> None:
+    result = run_benchmark(matmul_artifact(), runs=5, warmup=1, threads=[1, 2],
+                           profile_runs=3)
+    matrix = result.info["threads_matrix"]
+    assert [row["threads"] for row in matrix] == [1, 2]
+    assert all(row["latency_ms"]["count"] == 5 for row in matrix)
+    assert result.info["threads"] == 1 and result.info["latency_ms"] == matrix[0]["latency_ms"]
+    assert len(result.info["latency_runs_ms"]) == 5
+    top = result.files["profile_top.tsv"].decode().splitlines()
+    assert top[0].split("\t") == ["node type", "start", "first", "avg ms", "%", "cdf%",
+                                  "mem KB", "name"]
+    rows = [line.split("\t") for line in top[1:]]
+    names = {row[-1] for row in rows}
+    assert "y" in names and names <= {n.name for n in matmul_artifact().graph_def.node}
+    assert abs(sum(float(row[4]) for row in rows) - 100.0) < 1.0
+    assert abs(float(rows[-1][5]) - 100.0) < 1.0  # cdf ends at 100
+    by_type = result.files["profile_by_type.tsv"].decode().splitlines()
+    assert by_type[0].split("\t") == ["node type", "count", "avg ms", "avg %", "cdf %",
+                                      "mem KB"]
+    types = {line.split("\t")[0]: int(line.split("\t")[1]) for line in by_type[1:]}
+    assert types.get("MatMul") == 1
+    assert result.info["profile"]["source"] == "step_stats"
+    assert result.info["profile"]["by_node_type"][0]["node type"] in types
+
+
+@pytest.mark.parametrize("bad", [{"threads": 0}, {"threads": []}, {"threads": [1, 0]},
+                                 {"runs": 0}])
+def test_bad_benchmark_params_are_refused(bad: dict) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        get_stage("benchmark").params(**bad)
