@@ -11,6 +11,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -187,6 +188,9 @@ def build_report(plan: Plan, data: RunData, outcomes: Mapping[str, NodeOutcome],
     selected = select(built, [t.name for t in plan.recipe.recipe.targets])
     return {"recipe": plan.recipe.recipe.name,
             "recipe_path": str(plan.recipe.path),
+            "targets": {t.name: {"device": devices[t.name].name,
+                                 "budgets": t.budgets.model_dump(exclude_none=True)}
+                        for t in plan.recipe.recipe.targets},
             "mlflow_run_id": run_id,
             "data": data_summary(plan),
             "data_fingerprints": dict(plan.fingerprints),
@@ -226,9 +230,17 @@ def write_outputs(out_dir: Path, plan: Plan, data: RunData,
     except OSError as exc:
         raise OutputError(f"cannot write the outputs to {out_dir}: {describe_os_error(exc)}",
                           file=str(out_dir)) from exc
+    from orchestrator.report_page import report_files
+
+    pictures, warnings = report_files(report)
+    for warning in warnings:  # the run succeeded: its pictures are not worth failing it
+        print(f"warning: {warning}", file=sys.stderr)
+    report["page_files"] = sorted(pictures)  # type: ignore[index]
     try:
         for name in report["variants"]:
             _write_variant(staging / name, name, plan, data, outcomes)
+        for name, content in pictures.items():
+            (staging / name).write_bytes(content)
         (staging / "report.json").write_text(json.dumps(report, indent=2, default=_jsonable))
         with interrupts_deferred():
             for name in report["variants"]:
@@ -236,6 +248,8 @@ def write_outputs(out_dir: Path, plan: Plan, data: RunData,
                 if final.exists():
                     os.rename(final, staging / f".old-{name}")
                 os.rename(staging / name, final)
+            for name in pictures:
+                os.replace(staging / name, out_dir / name)
             os.rename(staging / "report.json", out_dir / "report.json")
     except OSError as exc:
         shutil.rmtree(staging, ignore_errors=True)
@@ -254,16 +268,21 @@ def discard_outputs(out_dir: Path) -> None:
     report_path = out_dir / "report.json"
     with interrupts_deferred():
         try:
-            names = [n for n in json.loads(report_path.read_text())["variants"]
-                     if name_problem(n) is None]  # never a path out of DIR
-        except (OSError, ValueError, KeyError, TypeError):
-            names = []
+            old = json.loads(report_path.read_text())
+            names = [n for n in old["variants"] if name_problem(n) is None]  # never a path
+            page_files = [n for n in old.get("page_files") or []
+                          if name_problem(n) is None]  # out of DIR
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            names, page_files = [], []
         try:
             report_path.unlink(missing_ok=True)
         except OSError:
             return  # an unwritable folder: nothing of this run is in it either
         for name in names:
             shutil.rmtree(out_dir / name, ignore_errors=True)
+        for name in page_files:
+            with contextlib.suppress(OSError):
+                (out_dir / name).unlink()
 
 
 def _write_variant(folder: Path, name: str, plan: Plan, data: RunData,

@@ -386,6 +386,9 @@ class MlflowLogger:
                       time_ms=now)
             if out_dir is not None and (out_dir / "report.json").is_file():
                 self.client.log_artifact(self.parent_run_id, str(out_dir / "report.json"))
+                for name in report.get("page_files") or []:  # report.html and its PNGs
+                    if (out_dir / name).is_file():
+                        self.client.log_artifact(self.parent_run_id, str(out_dir / name))
         if message.get("register") and not failed:
             from orchestrator import registry
 
