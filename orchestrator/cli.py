@@ -84,29 +84,18 @@ def cmd_stages(args: argparse.Namespace) -> int:
     return 0
 
 
-def recipe_schema() -> dict:
-    """The recipe's JSON Schema, with each stage's params as a one-key mapping."""
-    from orchestrator.recipe_models import Recipe
-    from orchestrator.stages import all_stages
-
-    schema = Recipe.model_json_schema(by_alias=True)
-    entries: list[dict] = []
-    names = []
-    for stage in all_stages():
-        names.append(stage.name)
-        entries.append({"type": "object", "additionalProperties": False, "minProperties": 1,
-                        "maxProperties": 1, "description": (stage.doc or "").strip(),
-                        "properties": {stage.name: {"anyOf": [
-                            stage.params.model_json_schema(), {"type": "null"}]}}})
-    stage_schema = {"anyOf": [{"type": "string", "enum": names}, *entries]}
-    schema.setdefault("$defs", {})["StageEntry"] = stage_schema
-    schema["$defs"]["Pipeline"]["properties"]["stages"]["items"] = {
-        "$ref": "#/$defs/StageEntry"}
-    return schema
-
-
 def cmd_schema(args: argparse.Namespace) -> int:
-    print(json.dumps(recipe_schema(), indent=2))
+    from orchestrator import schema
+
+    if args.output is None:
+        print(schema.schema_text(), end="")
+        return 0
+    try:
+        schema.write_schema(args.output)
+    except OSError as exc:
+        print(f"error: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    print(f"wrote the recipe schema to {args.output}")
     return 0
 
 
@@ -265,7 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     stages = sub.add_parser("stages", help="list the stages with their params")
     stages.add_argument("-v", "--verbose", action="store_true", help="full docs")
     stages.set_defaults(fn=cmd_stages)
-    schema = sub.add_parser("schema", help="print the recipe's JSON Schema")
+    schema = sub.add_parser("schema", help="print the recipe's JSON Schema (or write it)")
+    schema.add_argument("-o", "--output", type=Path, default=None,
+                        help="write it to this file (e.g. recipes/recipe.schema.json)")
     schema.set_defaults(fn=cmd_schema)
     server = sub.add_parser("server", help="the local Prefect server that runs share: "
                             "status, or stop it now")
@@ -281,11 +272,12 @@ def build_parser() -> argparse.ArgumentParser:
     from orchestrator.cli_kinds import add_parsers
 
     add_parsers(sub)  # keygen, decrypt
-    from orchestrator import cli_ops, cli_registry, ui
+    from orchestrator import cli_init, cli_ops, cli_registry, ui
 
     cli_ops.add_parsers(sub)  # gate, deploy, serve
     cli_registry.add_parsers(sub)  # promote
     ui.add_parsers(sub)  # ui: the dashboards
+    cli_init.add_parsers(sub)  # init: a first recipe from a model
     return parser
 
 
