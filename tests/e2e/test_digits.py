@@ -204,3 +204,56 @@ def test_fp32_flops_equal_tf_profilers_run_by_hand(digits_run: dict) -> None:
     # conv1 3x3x1x16 and conv2 3x3x16x32 over 8x8, dense 2048x128 and 128x10: 2 per MAC
     assert by_hand > 2 * (8 * 8 * 9 * 16 + 8 * 8 * 9 * 16 * 32 + 2048 * 128 + 128 * 10)
     assert report["variants"]["fp32"]["flops"] == by_hand
+
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+PICTURES = {"latency.png", "op_time.png", "tradeoff.png", "layer_errors.png"}
+
+
+def test_report_page_and_plots_next_to_report_json_and_in_mlflow(digits_run: dict) -> None:
+    from mlflow.tracking import MlflowClient
+
+    out = digits_run["work"] / "out1"
+    report = digits_run["reports"][0]
+    assert set(report["page_files"]) == PICTURES | {"report.html"}
+    for name in PICTURES:
+        data = (out / name).read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 10_000, name
+    html = (out / "report.html").read_text()
+    for name in report["variants"]:
+        assert f'data-variant="{name}"' in html
+    # self-contained: every picture inlined, nothing fetched from elsewhere
+    assert html.count('src="data:image/png;base64,') == len(PICTURES)
+    assert "http://" not in html.replace("http://www.w3.org", "") and "https://" not in html
+    assert "measured" in html and "est. ms" in html
+    # the full benchmark in report.json, for every variant
+    for name, variant in report["variants"].items():
+        assert variant["threads_matrix"] and variant["host"]["cores"] >= 1, name
+        assert variant["latency_runs_ms"], name
+        if variant["kind"] == "tflite":
+            assert variant["profile"]["source"] is None and variant["profile"]["note"]
+        else:
+            assert variant["profile"]["by_node_type"], name
+            assert (out / name / "profile_top.tsv").is_file()
+            assert (out / name / "profile_by_type.tsv").is_file()
+    client = MlflowClient(f"sqlite:///{digits_run['work'] / 'mlflow.db'}")
+    logged = {a.path for a in client.list_artifacts(report["mlflow_run_id"])}
+    assert PICTURES | {"report.html", "report.json"} <= logged
+
+
+def test_report_page_opens_in_chromium_without_errors(digits_run: dict) -> None:
+    from test_dashboards import Browser, chromium  # tests/e2e is on sys.path
+
+    out = digits_run["work"] / "out1"
+    browser = Browser(chromium())
+    try:
+        page = browser.open((out / "report.html").as_uri())
+        shown = page.locator("#summary tr[data-variant]").all_inner_texts()
+        names = [text.split()[0] for text in shown]
+        assert set(names) == set(digits_run["reports"][0]["variants"]), names
+        # every picture decoded and laid out
+        widths = page.eval_on_selector_all("img", "imgs => imgs.map(i => i.naturalWidth)")
+        assert len(widths) == len(PICTURES) and all(w > 100 for w in widths), widths
+        assert browser.problems == []
+    finally:
+        browser.close()
