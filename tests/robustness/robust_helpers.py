@@ -340,7 +340,8 @@ def fifo_unblocker(path: Path, after_s: float = LOAD_TIMEOUT_S) -> Iterator[list
 # memory, run ids, whether a stage came from the cache (another run may have stored it).
 PER_RUN_KEYS = {"latency_ms", "latency_p50_ms", "latency_mean_ms", "seconds", "cached",
                 "mlflow_run_id", "run_id", "ram_bytes", "ram_source", "peak_memory_bytes",
-                "load_seconds", "started", "finished", "duration_s", "elapsed_s"}
+                "load_seconds", "started", "finished", "duration_s", "elapsed_s",
+                "threads_matrix", "profile", "latency_runs_ms"}
 
 
 # ... and by their names: load times, RSS, measured latencies and memory (est_*, max_*
