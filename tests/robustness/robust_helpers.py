@@ -152,7 +152,9 @@ def output_is_whole_or_absent(out: Path) -> str:
     for name, variant in report["variants"].items():
         model = out / variant.get("artifact", f"{name}/model.pb")
         assert model.is_file() and model.stat().st_size > 0, f"{model} missing or empty"
-    extra = set(visible) - {"report.json", *report["variants"]}
+    for name in report.get("page_files") or []:  # report.html and its pictures
+        assert (out / name).is_file(), f"{out / name} missing"
+    extra = set(visible) - {"report.json", *report["variants"], *report.get("page_files", [])}
     assert not extra, f"{out} holds {sorted(extra)} that report.json does not list"
     return "whole"
 

@@ -140,7 +140,9 @@ def test_fp32_is_the_same_float_model(convert: Any, graph: ModelArtifact,
     assert out.kind == "tflite" and out.graph_def is None
     assert out.payload[4:8] == b"TFL3"
     assert (out.inputs, out.outputs) == (graph.inputs, graph.outputs)
-    assert out.metadata["tflite"] == {"mode": "fp32", "io": "float"}
+    assert out.metadata["tflite"] == {"mode": "fp32", "io": "float",
+                                      "flops": out.metadata["tflite"]["flops"]}
+    assert out.metadata["tflite"]["flops"] > 0  # its source graph's, for device estimates
     ops = result.info["tflite"]["ops"]
     assert ops["CONV_2D"] == 2 and ops["FULLY_CONNECTED"] == 2 and ops["SOFTMAX"] == 1
     assert result.metrics["tflite_ops"] == sum(ops.values())
