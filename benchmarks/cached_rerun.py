@@ -13,11 +13,14 @@ cache hit. Settings:
 With PREFECT_API_URL set, every setting uses that server instead. Without
 ORCHESTRATOR_MODEL_KEY, a throwaway key serves the recipe's encrypt stage.
 
-    .venv/bin/python benchmarks/cached_rerun.py [recipes/digits.yaml]
+    .venv/bin/python benchmarks/cached_rerun.py [recipes/digits.yaml] [--quick]
+
+--quick: the "warm machine" setting alone, on the recipe's fp32 pipeline (`--variant fp32`).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -36,11 +39,12 @@ from orchestrator.prefect_server import IDLE_ENV, STATE_FILE  # noqa: E402
 KEY_ENV = "ORCHESTRATOR_MODEL_KEY"  # the digits recipe's encrypt stage reads its key here
 
 
-def run_once(recipe: Path, work: Path, out: str, env: dict[str, str]) -> tuple[float, dict]:
+def run_once(recipe: Path, work: Path, out: str, env: dict[str, str],
+             extra: list[str] | None = None) -> tuple[float, dict]:
     started = time.perf_counter()
     proc = subprocess.run([str(Path(sys.executable).parent / "orchestrator"), "run",
-                           str(recipe), "-o", str(work / out)], env=env, cwd=work,
-                          capture_output=True, text=True, check=False)
+                           str(recipe), "-o", str(work / out), *(extra or [])], env=env,
+                          cwd=work, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - started
     if proc.returncode not in (0, 1):
         sys.exit(f"run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -48,7 +52,7 @@ def run_once(recipe: Path, work: Path, out: str, env: dict[str, str]) -> tuple[f
 
 
 def measure(recipe: Path, label: str, new_machine: bool = False,
-            server_per_run: bool = False) -> None:
+            server_per_run: bool = False, extra: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="cached-rerun-") as tmp:
         work = Path(tmp)
         env = {**os.environ, "ORCHESTRATOR_HOME": str(work / ".orchestrator"),
@@ -60,8 +64,8 @@ def measure(recipe: Path, label: str, new_machine: bool = False,
         if server_per_run:
             env[IDLE_ENV] = "0"
         try:
-            first, report1 = run_once(recipe, work, "out1", env)
-            second, report2 = run_once(recipe, work, "out2", env)
+            first, report1 = run_once(recipe, work, "out1", env, extra)
+            second, report2 = run_once(recipe, work, "out2", env, extra)
         finally:  # the server the first run left for later runs: not for after this one
             state = work / ".orchestrator" / STATE_FILE
             if state.is_file():
@@ -74,10 +78,21 @@ def measure(recipe: Path, label: str, new_machine: bool = False,
           f"{stage_seconds:>12.2f}   {cached}/{len(stages)} cached")
 
 
-def main() -> None:
-    recipe = Path(sys.argv[1] if len(sys.argv) > 1 else ROOT / "recipes" / "digits.yaml")
-    print(f"recipe: {recipe}")
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("recipe", nargs="?", type=Path,
+                        default=ROOT / "recipes" / "digits.yaml")
+    parser.add_argument("--quick", action="store_true",
+                        help="the warm-machine setting alone, fp32 pipeline only")
+    args = parser.parse_args(argv)
+    recipe = args.recipe
+    print(f"recipe: {recipe}" + (" (--quick: --variant fp32, warm machine only)"
+                                 if args.quick else ""))
     print(f"{'':<16}{'first s':>10}{'second s':>10}{'ratio':>8}{'stages s':>12}")
+    if args.quick:
+        measure(recipe.resolve(), "warm machine", extra=["--variant", "fp32"])
+        return
     measure(recipe.resolve(), "warm machine")
     measure(recipe.resolve(), "new machine", new_machine=True)
     measure(recipe.resolve(), "server per run", server_per_run=True)

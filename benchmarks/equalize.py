@@ -9,7 +9,9 @@ Chains, built from the stages without Prefect/MLflow (fp32 = freeze, strip, fold
 Per variant: test accuracy, top-1 agreement with fp32, the RMSE of the output scores
 against fp32, and the mean |per-class mean error| (the shift bias correction targets).
 
-    .venv/bin/python benchmarks/equalize.py [--samples 200]
+    .venv/bin/python benchmarks/equalize.py [--samples 200] [--quick]
+
+--quick: 50 calibration and 100 test samples, the separable CNN trained for one epoch.
 """
 
 from __future__ import annotations
@@ -102,7 +104,8 @@ def table(title: str, fp32: ModelArtifact, x_calib: np.ndarray, x_test: np.ndarr
               f"{note}")
 
 
-def train_separable(folder: Path, seed: int | None) -> dict[str, float]:
+def train_separable(folder: Path, seed: int | None, epochs: int | None = None
+                    ) -> dict[str, float]:
     """models_separable.make in a subprocess: its seeds, op determinism and Keras' console
     noise stay out of this one."""
     code = textwrap.dedent(f"""
@@ -112,7 +115,10 @@ def train_separable(folder: Path, seed: int | None) -> dict[str, float]:
         import models_separable
         if {seed!r} is not None:
             models_separable.SEED = {seed!r}
-        print(json.dumps(models_separable.make(Path({str(folder)!r}))))
+        epochs = {epochs!r}
+        made = models_separable.make(Path({str(folder)!r}), **(
+            {{}} if epochs is None else {{"epochs": epochs}}))
+        print(json.dumps(made))
     """)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -129,23 +135,28 @@ def main(argv: list[str] | None = None) -> int:
                         help="the separable model's training seed (default: its own)")
     parser.add_argument("--samples", type=int, default=200,
                         help="calibration samples (log_ranges and bias correction)")
+    parser.add_argument("--quick", action="store_true",
+                        help="50 calibration and 100 test samples; one training epoch")
     args = parser.parse_args(argv)
+    tests = slice(None)
+    if args.quick:
+        args.samples, tests = min(args.samples, 50), slice(100)
 
     if not (DIGITS / "data.npz").is_file() or not (DIGITS / "saved_model").is_dir():
         sys.exit("run .venv/bin/python examples/digits/make_model.py first")
     with np.load(DIGITS / "data.npz") as npz:
         d = {k: npz[k] for k in ("x_calib", "x_test", "y_test")}
     table("digits CNN", fp32_of(DIGITS / "saved_model"), d["x_calib"][:args.samples],
-          d["x_test"], d["y_test"])
+          d["x_test"][tests], d["y_test"][tests])
 
     with tempfile.TemporaryDirectory() as tmp:
-        facts = train_separable(Path(tmp), args.seed)
+        facts = train_separable(Path(tmp), args.seed, 1 if args.quick else None)
         with np.load(Path(tmp) / "data.npz") as npz:
             s = {k: npz[k] for k in ("x_calib", "x_test", "y_test")}
         fp32 = fp32_of(Path(tmp) / "model.keras")
     table(f"separable residual CNN ({facts['params']:,.0f} params, keras accuracy "
-          f"{facts['accuracy']:.4f})", fp32, s["x_calib"][:args.samples], s["x_test"],
-          s["y_test"])
+          f"{facts['accuracy']:.4f})", fp32, s["x_calib"][:args.samples], s["x_test"][tests],
+          s["y_test"][tests])
     return 0
 
 

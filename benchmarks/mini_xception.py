@@ -14,6 +14,12 @@ accuracy, agreement and the guard's trials. PASS (exit 0) when int8 is at most 0
 fp32's size and agrees with fp32 on at least 98% of the test images; FAIL is exit 1.
 
     .venv/bin/python benchmarks/mini_xception.py [--work DIR] [--orchestrator CLI] [--rebuild]
+        [--quick]
+
+--quick: the model trained for one epoch (in its own --work, default
+.orchestrator/bench/mini_xception-quick, so the full model stays), the guard held to two
+trials (`tune: {max_trials: 2}`); the table is printed, the acceptance not judged (exit 0
+once the run finished).
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_SCRIPT = ROOT / "tests" / "e2e" / "models_xception.py"
 DEFAULT_WORK = ROOT / ".orchestrator" / "bench" / "mini_xception"
+QUICK_WORK = DEFAULT_WORK.with_name("mini_xception-quick")
+QUICK_TUNE = "tune: {max_trials: 2}\n"
 MAX_SIZE_RATIO = 0.35
 MIN_AGREEMENT = 0.98
 
@@ -187,8 +195,10 @@ def print_table(s: dict[str, Any]) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--work", type=Path, default=DEFAULT_WORK,
-                        help="folder for the model, data, recipe, store and outputs")
+    parser.add_argument("--work", type=Path, default=None,
+                        help="folder for the model, data, recipe, store and outputs "
+                        f"(default {DEFAULT_WORK.relative_to(ROOT)}; --quick: "
+                        f"{QUICK_WORK.relative_to(ROOT)})")
     parser.add_argument("--orchestrator", default=None,
                         help="the CLI to run, e.g. /work/other/.venv/bin/orchestrator "
                         "(default: this interpreter's)")
@@ -197,8 +207,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="training epochs (default: models_xception's); retrains when "
                         "the cached model had others")
     parser.add_argument("--rebuild", action="store_true", help="retrain the model")
+    parser.add_argument("--quick", action="store_true",
+                        help="one training epoch, two guard trials; acceptance not judged")
     args = parser.parse_args(argv)
-    work = args.work.resolve()
+    work = (args.work or (QUICK_WORK if args.quick else DEFAULT_WORK)).resolve()
+    if args.quick:
+        args.epochs = 1
     work.mkdir(parents=True, exist_ok=True)
     cli = shlex.split(args.orchestrator) if args.orchestrator else default_cli()
 
@@ -206,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"mini-Xception: {facts['params']:,.0f} params, Keras test accuracy "
           f"{facts['accuracy']:.4f} (model in {work / 'model'})")
     recipe = work / "recipe.yaml"
-    recipe.write_text(RECIPE.format(min_fidelity=MIN_AGREEMENT))
+    recipe.write_text(RECIPE.format(min_fidelity=MIN_AGREEMENT)
+                      + (QUICK_TUNE if args.quick else ""))
     out = work / args.out
     print(f"running: {' '.join(cli)} run {recipe} -o {out}")
     code, report, console, seconds = run_recipe(cli, recipe, out, work)
@@ -215,7 +230,11 @@ def main(argv: list[str] | None = None) -> int:
         print(console)
         print(f"FAIL: the run did not finish (exit {code})")
         return 1
-    return 0 if print_table(summarize(report)) else 1
+    ok = print_table(summarize(report))
+    if args.quick:
+        print("--quick: one training epoch, two guard trials; acceptance not judged")
+        return 0
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

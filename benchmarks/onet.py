@@ -17,7 +17,10 @@ agreement (face_prob: face > 0.5 decided alike; box and landmarks: samples whose
 value is within 0.01). Prints a markdown table.
 
     .venv/bin/python benchmarks/onet.py [--work DIR] [--orchestrator CLI] [--label NAME]
-        [--budgets '{min_fidelity: 0.98}']
+        [--budgets '{min_fidelity: 0.98}'] [--quick]
+
+--quick: fewer crops (onet_data.py --quick; in its own --work, default
+.orchestrator/bench/onet-quick), the guard held to two trials; the same table.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ sys.path.insert(0, str(HERE))
 from mini_xception import ROOT, default_cli, quiet_env, run_recipe  # noqa: E402
 
 DEFAULT_WORK = ROOT / ".orchestrator" / "bench" / "onet"
+QUICK_WORK = DEFAULT_WORK.with_name("onet-quick")
+QUICK_TUNE = "tune: {max_trials: 2}\n"
 OUTPUTS = ("box", "landmarks", "face_prob")
 WITHIN = 0.01          # box / landmarks: a sample agrees when every value is this close
 FACE_THRESHOLD = 0.5   # face_prob: face or not
@@ -76,13 +81,15 @@ pipelines:
 """
 
 
-def build_data(folder: Path, rebuild: bool = False) -> dict[str, Any]:
-    """saved_model/ and data.npz in `folder`, made in a fresh process unless present."""
+def build_data(folder: Path, rebuild: bool = False, quick: bool = False) -> dict[str, Any]:
+    """saved_model/ and data.npz in `folder`, made in a fresh process unless present
+    (quick: from fewer photos)."""
     facts_file = folder / "facts.json"
     if not rebuild and facts_file.is_file() and (folder / "saved_model").is_dir():
         return json.loads(facts_file.read_text())
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, str(HERE / "onet_data.py"), str(folder)],
+    done = subprocess.run([sys.executable, str(HERE / "onet_data.py"), str(folder),
+                           *(["--quick"] if quick else [])],
                           env=quiet_env(), capture_output=True, text=True, check=False)
     if done.returncode != 0:
         sys.exit(f"building ONet and its data failed:\n{done.stderr[-3000:]}")
@@ -171,8 +178,10 @@ def markdown(rows: list[dict[str, Any]], label: str, samples: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--work", type=Path, default=DEFAULT_WORK,
-                        help="folder for the model, data, recipe, store and outputs")
+    parser.add_argument("--work", type=Path, default=None,
+                        help="folder for the model, data, recipe, store and outputs "
+                        f"(default {DEFAULT_WORK.relative_to(ROOT)}; --quick: "
+                        f"{QUICK_WORK.relative_to(ROOT)})")
     parser.add_argument("--orchestrator", default=None,
                         help="the CLI to run, e.g. /work/wt-before/.venv/bin/orchestrator "
                         "(default: this interpreter's)")
@@ -185,19 +194,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="quantize_nodes' params, a YAML flow mapping (default "
                         "'{guard: true}'; e.g. add 'bias_correction: false' to compare)")
     parser.add_argument("--rebuild", action="store_true", help="rebuild the model and data")
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer crops, two guard trials at most")
     args = parser.parse_args(argv)
-    work = args.work.resolve()
+    work = (args.work or (QUICK_WORK if args.quick else DEFAULT_WORK)).resolve()
     work.mkdir(parents=True, exist_ok=True)
     cli = shlex.split(args.orchestrator) if args.orchestrator else default_cli()
     label = args.label or ("this checkout" if args.orchestrator is None
                            else Path(cli[0]).resolve().parents[2].name)
     slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in label)
 
-    facts = build_data(work / "model", args.rebuild)
+    facts = build_data(work / "model", args.rebuild, args.quick)
     print(f"ONet: {facts['params']:,} params; crops: {facts['calib']} calibration, "
           f"{facts['eval']} evaluation {facts['eval_kinds']}")
     recipe = work / f"recipe-{slug}.yaml"
-    recipe.write_text(RECIPE.format(budgets=args.budgets, quantize_nodes=args.quantize_nodes))
+    recipe.write_text(RECIPE.format(budgets=args.budgets, quantize_nodes=args.quantize_nodes)
+                      + (QUICK_TUNE if args.quick else ""))
     out = work / f"out-{slug}"
     print(f"running: {' '.join(cli)} run {recipe} -o {out}")
     code, report, console, seconds = run_recipe(cli, recipe, out, work)

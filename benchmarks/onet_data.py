@@ -13,7 +13,11 @@
   `extract_patches`: what the detector feeds ONet). Faces are split between calibration and
   evaluation by person (and background crops by photo region), never sharing a crop.
 
-    .venv/bin/python benchmarks/onet_data.py OUT_DIR      # saved_model/, data.npz, facts.json
+    .venv/bin/python benchmarks/onet_data.py OUT_DIR [--quick]   # saved_model/, data.npz,
+                                                                  # facts.json
+
+--quick: fewer photos (the two full photos with faces, two backgrounds, 10 LFW faces and 10
+LFW non-faces), so fewer crops; the same model.
 """
 
 from __future__ import annotations
@@ -80,9 +84,13 @@ class Photo:
     kind: str                 # "face" (detect faces in it) or "background"
 
 
-def photos() -> list[Photo]:
+QUICK_LFW = 10           # --quick: LFW faces and LFW non-faces each
+QUICK_BACKGROUNDS = 2    # --quick: background photos
+
+
+def photos(quick: bool = False) -> list[Photo]:
     """The photos the libraries ship: two with faces, the LFW subset (100 faces, 100
-    non-faces), and backgrounds."""
+    non-faces), and backgrounds (quick: fewer of each)."""
     import skimage.data
     import tensorflow as tf
     from sklearn.datasets import load_sample_images
@@ -93,13 +101,16 @@ def photos() -> list[Photo]:
 
     found = [Photo(n, rgb(getattr(skimage.data, n)()), "face") for n in FACE_PHOTOS]
     found += [Photo(n, rgb(getattr(skimage.data, n)()), "background")
-              for n in BACKGROUND_PHOTOS]
-    samples = load_sample_images()
-    found += [Photo(Path(f).stem, rgb(im), "background")
-              for f, im in zip(samples.filenames, samples.images, strict=True)]
+              for n in BACKGROUND_PHOTOS[:QUICK_BACKGROUNDS if quick else None]]
+    if not quick:
+        samples = load_sample_images()
+        found += [Photo(Path(f).stem, rgb(im), "background")
+                  for f, im in zip(samples.filenames, samples.images, strict=True)]
     lfw = tf.image.resize(skimage.data.lfw_subset()[..., None] * 255.0,
                           (LFW_UPSCALE, LFW_UPSCALE), method="bilinear").numpy()
     for i, face in enumerate(lfw):
+        if quick and i % 100 >= QUICK_LFW:
+            continue
         if i < 100:  # the subset's first half are faces: pad so the detector sees context
             face = np.pad(face, ((LFW_PAD, LFW_PAD), (LFW_PAD, LFW_PAD), (0, 0)), mode="edge")
         found.append(Photo(f"lfw{i:03d}", rgb(face[..., 0]), "face" if i < 100 else "lfw_nonface"))
@@ -155,7 +166,7 @@ def background_crops(photo: Photo, count: int, rng: np.random.Generator
     return boxes
 
 
-def make_data() -> dict[str, Any]:
+def make_data(quick: bool = False) -> dict[str, Any]:
     """Crops (N, 48, 48, 3), their kind and group, and what the detector found."""
     from mtcnn import MTCNN
 
@@ -172,7 +183,7 @@ def make_data() -> dict[str, Any]:
         kinds.extend(crop_kinds)
         groups.extend([group] * len(boxes))
 
-    for photo in photos():
+    for photo in photos(quick):
         if photo.kind == "lfw_nonface":  # the whole (upscaled) picture, as LFW cut it
             side = float(photo.pixels.shape[0])
             add(photo, [(side / 2, side / 2, side)], [False], ["background"], photo.name)
@@ -216,7 +227,7 @@ def split(groups: np.ndarray, calib_share: float = 0.4) -> np.ndarray:
     return np.array([g in chosen for g in groups])
 
 
-def make(out: Path) -> dict[str, Any]:
+def make(out: Path, quick: bool = False) -> dict[str, Any]:
     """Write out/saved_model, out/data.npz (x_calib, x_eval, the crops' kinds, and ONet's
     float outputs on x_eval as ref_box, ref_landmarks, ref_face_prob) and out/facts.json;
     return the facts."""
@@ -226,7 +237,7 @@ def make(out: Path) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     model = build_onet()
     export_saved_model(model, out / "saved_model")
-    data = make_data()
+    data = make_data(quick)
     calib = split(data["groups"])
     x_calib, x_eval = data["x"][calib], data["x"][~calib]
     # the package's own Keras model's outputs on the evaluation crops: the float reference
@@ -252,4 +263,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
-    print(json.dumps(make(parser.parse_args().out)))
+    parser.add_argument("--quick", action="store_true", help="fewer photos, fewer crops")
+    parsed = parser.parse_args()
+    print(json.dumps(make(parsed.out, parsed.quick)))

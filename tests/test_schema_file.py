@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jsonschema  # Prefect's dependency: always installed
 import pytest
 import yaml
 
@@ -39,7 +40,6 @@ def test_example_recipes_name_the_schema_on_their_first_line(recipe: Path) -> No
 @pytest.mark.parametrize("recipe", EXAMPLES, ids=lambda p: p.name)
 def test_example_recipes_are_valid_under_the_schema(recipe: Path) -> None:
     """What an editor checks as the recipe is typed: the schema accepts real recipes."""
-    jsonschema = pytest.importorskip("jsonschema")
     validator = jsonschema.Draft202012Validator(json.loads(COMMITTED.read_text()))
     errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
               for e in validator.iter_errors(yaml.safe_load(recipe.read_text()))]
@@ -47,7 +47,6 @@ def test_example_recipes_are_valid_under_the_schema(recipe: Path) -> None:
 
 
 def test_the_schema_rejects_what_validate_rejects() -> None:
-    jsonschema = pytest.importorskip("jsonschema")
     validator = jsonschema.Draft202012Validator(json.loads(COMMITTED.read_text()))
     recipe = yaml.safe_load((ROOT / "recipes" / "digits.yaml").read_text())
     recipe["pipelines"]["fp32"]["stages"][0] = "freez"  # an unknown stage
