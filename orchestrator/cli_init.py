@@ -119,6 +119,7 @@ def write_new_recipe(output: Path, text: str) -> None:
     from orchestrator.recipe import load_recipe
 
     folder = Path(os.path.abspath(output)).parent
+    created = [f for f in (folder, *folder.parents) if not f.exists()]  # deepest first
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{output.name}.", suffix=".yaml")
@@ -145,8 +146,14 @@ def write_new_recipe(output: Path, text: str) -> None:
         except FileExistsError:
             _refuse_existing(output)
             raise
+        created = []
     finally:
         Path(tmp).unlink(missing_ok=True)
+        for made in created:  # not written: leave no folder made for it either
+            try:
+                made.rmdir()
+            except OSError:
+                break
 
 
 def current_umask() -> int:

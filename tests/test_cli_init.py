@@ -256,3 +256,21 @@ def test_the_recipes_init_writes_run(project: Path, prefect_server: None,
     assert set(full["variants"]) == {"fp32", "int8", "litert_int8"}
     for variant in full["variants"].values():
         assert variant["accuracy_drop"] <= 0.02 and variant["fidelity"] >= 0.98
+
+
+def test_a_recipe_that_does_not_validate_is_not_written(
+        project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+        ) -> None:
+    """init checks its own output with the loader first: nothing is kept when that fails,
+    not even the folders made for it, and the message names the file asked for."""
+    import orchestrator.cli_init as cli_init
+
+    monkeypatch.setattr(cli_init, "recipe_text", lambda *args, **kwargs: (
+        "version: 1\nname: x\nmodel: {path: ../../models/digits/saved_model}\n"
+        "pipelines:\n  fp32:\n    stages: [freez]\n"))
+    out = project / "new" / "deeper" / "r.yaml"
+    assert main(["init", str(project / "models/digits/saved_model"), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert (f"error: {out}:6:14 [pipelines.fp32.stages.0]: the recipe init made does not "
+            "validate, so it was not written: unknown stage 'freez'") in err
+    assert not (project / "new").exists()
