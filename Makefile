@@ -7,7 +7,7 @@ EXAMPLE := examples/digits/data.npz
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: demo test install example lint bench clean
+.PHONY: demo test install example lint bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,11 @@ bench: $(EXAMPLE)
 	$(PY) benchmarks/int8_size.py
 	$(PY) benchmarks/log_ranges.py
 	$(PY) benchmarks/cached_rerun.py
+	$(PY) benchmarks/litert_side_by_side.py
+
+# Every benchmark end to end with small settings (what make test runs, so they cannot rot)
+bench-quick: $(EXAMPLE)
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_benchmarks_quick.py
 
 clean:
 	rm -rf .orchestrator out .pytest_cache

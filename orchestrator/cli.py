@@ -315,6 +315,10 @@ def main(argv: list[str] | None = None) -> int:
             return args.fn(args)
         except OrchestratorError as exc:  # a command that let one through: still the user's
             return _error(exc)
+        except BrokenPipeError:  # `orchestrator schema | head`: the reader had enough
+            # stdout is gone: point it at devnull so the interpreter's final flush is quiet
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
         except (KeyboardInterrupt, Exception) as exc:
             # also when a library turned our KeyboardInterrupt into an error of its own
             if isinstance(exc, KeyboardInterrupt) or interrupted():

@@ -108,3 +108,17 @@ def test_a_run_started_with_sigint_ignored_leaves_it_ignored(
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_reader_that_stops_early_is_no_internal_error() -> None:
+    """`orchestrator schema | head -1`: the closed pipe ends the command quietly, exit 0."""
+    import subprocess
+    import sys
+
+    command = (f"{sys.executable} -m orchestrator schema | head -1; "
+               "exit ${PIPESTATUS[0]}")
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "{"
+    assert "internal error" not in done.stderr and "Traceback" not in done.stderr
