@@ -341,9 +341,8 @@ def print_summary(report: Mapping[str, Any], out_dir: Path, console: Any = None)
     # a pipe or CI log gets a wide table instead of rich's 80-column default
     console = console or Console(width=None if sys.stdout.isatty() else 160)
     table = Table(title=f"recipe {report['recipe']}", caption="KiB: 1,024 bytes of the file "
-                  "that ships · est. ms: device latency estimated from FLOPs (budgets use it; "
-                  "selection too, then the host's measured p50 where estimates are within "
-                  "10%)")
+                  "that ships · est. ms: device latency from FLOPs (budgets and selection; "
+                  "host p50 breaks ties within 10%)")
     columns = ["variant", "shipped KiB", "gzip KiB", "params", "host p50 ms\n(measured)",
                "accuracy", "drop", "fidelity"]
     # outputs that are not class scores: their lowest SQNR says more than one fidelity figure
@@ -392,4 +391,6 @@ def print_summary(report: Mapping[str, Any], out_dir: Path, console: Any = None)
         if v.get("encryption"):  # where the key came from; never the key
             console.print(f"{name}: encrypted with key id {v['encryption'].get('key_id')} "
                           f"from {v['encryption'].get('key_source')}")
-    console.print(f"results: {out_dir}/report.json and the models in {out_dir}/<variant>/")
+    page = " and report.html (open it in a browser)" if "report.html" in (
+        report.get("page_files") or []) else ""
+    console.print(f"results: {out_dir}/report.json{page}, the models in {out_dir}/<variant>/")
