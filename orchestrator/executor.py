@@ -53,6 +53,18 @@ class RunData:
         self.recipe = plan.recipe.recipe
         # model key -> artifact kept in memory only (ignore_errors pass-throughs)
         self.unstored_models: dict[str, ModelArtifact] = {}
+        self._prepared = False
+
+    def prepare_stages(self) -> None:
+        """Once, at the run's first computed stage: the `prepare` hooks of the stages still
+        to run (their slow setup overlaps the stages before them)."""
+        if self._prepared:
+            return
+        self._prepared = True
+        for node in self.plan.nodes:
+            prepare = get_stage(node.stage).prepare
+            if prepare is not None and not self.store.has(node.key):
+                prepare(node.params)
 
     def load_model(self, key: str) -> ModelArtifact:
         if key in self.unstored_models:
@@ -125,6 +137,7 @@ def execute_node(node: Node, data: RunData, use_cache: bool = True) -> NodeOutco
         return NodeOutcome(node=node, cached=True, seconds=stored.seconds,
                            metrics=stored.metrics, info=stored.info, warnings=stored.warnings,
                            files=stored.files)
+    data.prepare_stages()
     stage = get_stage(node.stage)
     artifact = data.load_model(node.input_model_key)
     started = time.perf_counter()

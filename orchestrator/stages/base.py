@@ -116,6 +116,9 @@ class Stage:
     data_for: params -> {recipe data role: why} the stage needs with these params
     (convert_tflite's int8 mode calibrates on representative data, its other modes need
     none); validated up front.
+    prepare: params -> None, called once a run computes its first stage when this stage is
+    still to run there: slow setup (a helper process importing TensorFlow) then overlaps
+    the stages before it.
     """
 
     name: str
@@ -133,6 +136,7 @@ class Stage:
     uses_key: bool = False
     refuses: Mapping[str, str] = field(default_factory=dict)
     data_for: Callable[[Any], Mapping[str, str]] | None = None
+    prepare: Callable[[Any], None] | None = None
 
 
 def shipped_graph(artifact: ModelArtifact, ctx: StageContext) -> ModelArtifact:

@@ -14,6 +14,9 @@ data, else random data of the input's shape (unknown dimensions taken as 1).
   ...) are counted like their float twins: an 8-bit graph does the same arithmetic.
 - `est_latency_ms`: per target, FLOPs / the device's FLOP/s x its precision factor
   (int8 when the graph has Quantized* ops). An estimate, not a measurement.
+- `memory`: `load_ms`, `rss_growth_mb` and `anon_growth_mb` of a fresh process that reads
+  the shipped file (decrypting it, mapping memmapped weights), loads it and runs it once:
+  measured, see orchestrator.load_probe. RssAnon is the heap a phone's OS counts.
 - `peak_memory_bytes` (one extra traced run): weights held in RAM (Const; memory-mapped
   ImmutableConst weights are not counted) plus the fed inputs plus the peak of live
   intermediate tensors, each buffer freed after its last consumer ran. TF's allocator
@@ -58,7 +61,10 @@ class Params(StageParams):
         "timed and reported (`threads_matrix`); `latency_ms` is the first. Default: this "
         "machine's core count, as a phone app uses all its cores. Inter-op threads are "
         "always 1 (ops run serially).")
-    memory: bool = Field(True, description="Estimate peak memory with one extra traced run.")
+    memory: bool = Field(
+        True, description="Measure memory: the resident-memory growth of a fresh process "
+        "that loads and runs the model once (`memory`), and the peak of live tensors from "
+        "one extra traced run (`peak_memory_bytes`, an estimate).")
     profile_runs: NonNegativeInt = Field(
         20, description="Extra traced runs for the per-node profile (profile_top.tsv, "
         "profile_by_type.tsv), at the first threads setting; 0: none. Not in the timings.")
@@ -129,11 +135,32 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
             target: round(estimate_latency_ms(flops, device, precision), 4)
             for target, device in ctx.devices.items()}
         metrics.update({f"est_latency_ms.{t}": v for t, v in info["est_latency_ms"].items()})
+    if params.memory:
+        info["memory"] = _fresh_process_memory(given, ctx, warnings)
+        if info["memory"]:
+            metrics.update({f"memory_{k}": float(v) for k, v in info["memory"].items()
+                            if isinstance(v, int | float)})
     if peak is not None:
         info["peak_memory_bytes"] = peak
         metrics["peak_memory_bytes"] = float(peak)
     return StageResult(artifact=given, metrics=metrics, info=info, warnings=warnings,
                        files=files)
+
+
+def _fresh_process_memory(given: ModelArtifact, ctx: StageContext, warnings: list[str]
+                          ) -> dict[str, Any] | None:
+    """Load time and resident-memory growth of a fresh process that loads the shipped file
+    and runs it once (orchestrator.load_probe); None, with a warning, where it cannot."""
+    from orchestrator.load_probe import ProbeError, measure_artifact
+
+    try:
+        answer = measure_artifact(given, ctx.model_key, [s.to_json() for s in given.inputs],
+                                  list(given.outputs))
+    except (ProbeError, OSError, ValueError) as exc:
+        warnings.append(f"memory of a fresh process not measured: {exc}")
+        return None
+    return {"load_ms": answer["load_ms"], "rss_growth_mb": answer["rss_growth_mb"],
+            "anon_growth_mb": answer["anon_growth_mb"]}
 
 
 def _timed_runs(runner: Any, feeds: list[np.ndarray], count: int) -> list[float]:
@@ -346,5 +373,12 @@ def peak_memory_bytes(graph: Any, step_stats: Any) -> int:
     return resident + peak
 
 
-STAGE = register(Stage(name="benchmark", run=run, params=Params, doc=__doc__,
-                       kind="measure", accepts=ANY_KIND))
+def _prepare(params: Params) -> None:
+    if params.memory:
+        from orchestrator.load_probe import start
+
+        start()  # the probe's process imports TensorFlow while earlier stages run
+
+
+STAGE = register(Stage(name="benchmark", run=run, prepare=_prepare, params=Params,
+                       doc=__doc__, kind="measure", accepts=ANY_KIND))
