@@ -69,7 +69,7 @@ def build_variant(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, N
     }
     for key in ("ranges", "memmap", "encryption", "outputs", "layer_errors", "float_nodes",
                 "bias_correction", "equalized", "host", "threads", "threads_matrix",
-                "profile", "latency_runs_ms"):
+                "profile", "latency_runs_ms", "memory"):
         if key in info:
             variant[key] = info[key]
     keyed = [n for n in nodes if n.key_id is not None and n.key_id in plan.keys]

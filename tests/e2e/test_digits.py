@@ -230,6 +230,8 @@ def test_report_page_and_plots_next_to_report_json_and_in_mlflow(digits_run: dic
     for name, variant in report["variants"].items():
         assert variant["threads_matrix"] and variant["host"]["cores"] >= 1, name
         assert variant["latency_runs_ms"], name
+        # a fresh process that loaded the shipped file: measured for every kind
+        assert variant["memory"]["load_ms"] > 0 and variant["memory"]["rss_growth_mb"] > 0
         if variant["kind"] == "tflite":
             assert variant["profile"]["source"] is None and variant["profile"]["note"]
         else:
