@@ -35,13 +35,15 @@ CASES: dict[str, tuple[list[str], str]] = {
     "onet.py": (["--work", "{tmp}"], "| int8 |"),
     "make_mobilenet.py": (["{tmp}"], "model.keras"),
     "litert_side_by_side.py": (["--work", "{tmp}"], "litert_int8"),
+    "benchmark_overhead.py": ([], "overhead: stage / bare at most"),
 }
 # scripts another benchmark runs (with --quick when it runs quick): not run alone
 HELPERS = {"onet_data.py": "onet.py builds its model and crops with it"}
 # run side by side, this many at a time, the longest first (measured; others after them)
 JOBS = 2
 ORDER = ["onet.py", "mini_xception.py", "equalize.py", "cached_rerun.py",
-         "litert_side_by_side.py", "log_ranges.py", "int8_size.py", "make_mobilenet.py"]
+         "litert_side_by_side.py", "log_ranges.py", "benchmark_overhead.py", "int8_size.py",
+         "make_mobilenet.py"]
 ORDER += sorted(set(CASES) - set(ORDER))
 
 
