@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import OrchestratorError
-from orchestrator.tracking import _HTTP_DEFAULTS, REGISTRY_STATUS_TAG, probe, redact
+from orchestrator.tracking_common import HTTP_DEFAULTS, REGISTRY_STATUS_TAG, probe, redact
 
 if TYPE_CHECKING:
     from mlflow.entities.model_registry import ModelVersion
@@ -145,7 +145,7 @@ def open_client(tracking_uri: str) -> MlflowClient:
     if unreachable:
         raise RegistryError(f"MLflow tracking at {where!r} is unreachable: {unreachable}",
                             field="MLFLOW_TRACKING_URI")
-    for key, value in _HTTP_DEFAULTS.items():
+    for key, value in HTTP_DEFAULTS.items():
         os.environ.setdefault(key, value)
     from mlflow.tracking import MlflowClient
 

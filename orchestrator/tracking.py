@@ -40,17 +40,25 @@ from typing import Any
 
 from orchestrator.project import local_tracking_folder
 from orchestrator.run_names import git_commit, run_name
+from orchestrator.tracking_common import (
+    HTTP_DEFAULTS,
+    PROBE_ENV,
+    PROBE_TIMEOUT_S,
+    REGISTRY_STATUS_TAG,
+    SECRET_WORDS,
+    is_secret_key,
+    probe,
+    redact,
+    redacted,
+)
 
-__all__ = ["git_commit", "run_name"]  # re-exported: older callers import them from here
+# re-exported: older callers import them from here
+__all__ = ["HTTP_DEFAULTS", "PROBE_ENV", "PROBE_TIMEOUT_S", "REGISTRY_STATUS_TAG",
+           "git_commit", "is_secret_key", "probe", "redact", "redacted", "run_name"]
 
-# Keys that look like secrets are never logged, whatever the recipe holds.
-_SECRET = re.compile(r"(key|secret|password|passwd|token|credential)", re.IGNORECASE)
-# ...except the ones that only say where a secret is (encrypt's key_env, key_file)
-_SECRET_REFERENCE = re.compile(r"(_env|_file|_id)$", re.IGNORECASE)
+_HTTP_DEFAULTS = HTTP_DEFAULTS  # its name when it lived here (history.py reads it)
 _MAX_PARAM = 6000
 _MAX_TAG = 8000
-# The tracking URI the worker checks as soon as it starts (set by tracking_client).
-PROBE_ENV = "ORCHESTRATOR_TRACKING_PROBE"
 
 # MLflow 3.17's UI shows an experiment as GenAI or classic ML. With its sidebar's workflow
 # switch on (the default build), the view follows that switch, remembered per browser
@@ -62,7 +70,6 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 CLASSIC_KIND = "custom_model_development"
 CLASSIC_VIEW_QUERY = "workflowType=machine_learning"
 NOTE_TAG = "mlflow.note.content"  # the run's (or experiment's) description in the UI
-REGISTRY_STATUS_TAG = "registry.status"
 
 # A pipeline's measurement: these stages' metrics are the pipeline's own (unprefixed, as the
 # report has them); other stages' metrics are prefixed with the stage (`quantize_nodes.x`).
@@ -74,13 +81,6 @@ LATENCY_METRICS = ("p50", "p90", "mean")
 # Per pipeline on the parent run, prefixed with its name: what runs are compared by
 PARENT_METRICS = ("size_bytes", "gzip_size_bytes", "accuracy", "accuracy_drop", "fidelity",
                   "latency_p50_ms")
-
-
-# How long the worker waits to reach an HTTP tracking server before it says it cannot.
-PROBE_TIMEOUT_S = 5.0
-# MLflow retries a failing request 7 times with doubling back-off (about 250 s against an
-# unreachable server); a run says so within seconds instead. The environment still wins.
-_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
 
 
 def artifact_root(tracking_uri: str) -> str | None:
@@ -104,24 +104,6 @@ def run_url(ui_url: str, experiment_id: str, run_id: str) -> str:
             f"?{CLASSIC_VIEW_QUERY}")
 
 
-def probe(tracking_uri: str) -> str | None:
-    """Why an HTTP(S) tracking server cannot be reached (within PROBE_TIMEOUT_S), or None."""
-    import socket
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(tracking_uri)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return None
-    try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        with socket.create_connection((parts.hostname, port), timeout=PROBE_TIMEOUT_S):
-            return None
-    except TimeoutError:
-        return f"no answer from {parts.hostname}:{port} within {PROBE_TIMEOUT_S:.0f} s"
-    except (OSError, ValueError) as exc:
-        return f"cannot connect to {parts.hostname}: {exc}"
-
-
 @contextmanager
 def _store_lock(tracking_uri: str) -> Iterator[None]:
     """Runs that start together on a new sqlite store would each create MLflow's tables
@@ -141,40 +123,13 @@ def _store_lock(tracking_uri: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-# user:password@, :token@ or token@ after a scheme; a password may hold '/' (cloud secret
-# keys do)
-_URL_CREDENTIALS = re.compile(r"(?<=://)(?:[^/@\s:]*:[^@\s]*|[^/@\s:]+)@")
-
-
-def redact(value: str) -> str:
-    """Credentials inside URLs (scheme://user:password@host) become '***@'."""
-    return _URL_CREDENTIALS.sub("***@", value)
-
-
-def is_secret_key(key: str) -> bool:
-    """A key whose value may be a secret (`api_token`, `password`), not one that only names
-    where a secret is (`key_env`, `key_file`, `key_id`)."""
-    return bool(_SECRET.search(key)) and not _SECRET_REFERENCE.search(key)
-
-
-def redacted(data: Any) -> Any:
-    """`data` with secret-looking keys' values replaced by '***' and URL credentials
-    redacted, for what is logged whole (the recipe as loaded)."""
-    if isinstance(data, Mapping):
-        return {key: "***" if is_secret_key(str(key)) else redacted(value)
-                for key, value in data.items()}
-    if isinstance(data, list):
-        return [redacted(value) for value in data]
-    return redact(data) if isinstance(data, str) else data
-
-
 def flatten(data: Any, prefix: str = "") -> dict[str, str]:
     """{'a': {'b': [1, 2]}} -> {'a.b.0': '1', 'a.b.1': '2'}; secret-looking keys dropped,
     URL credentials redacted."""
     flat: dict[str, str] = {}
     if isinstance(data, Mapping):
         for key, value in data.items():
-            if _SECRET.search(str(key)):
+            if SECRET_WORDS.search(str(key)):
                 continue
             flat.update(flatten(value, f"{prefix}{key}."))
     elif isinstance(data, list):
@@ -349,7 +304,7 @@ class MlflowLogger:
         # one param per setting (a list as one value), not one per list item
         settings = {f"guard.{k}": redact(json.dumps(v, default=str))
                     for k, v in (trial.get("settings") or {}).items()
-                    if not _SECRET.search(str(k))}
+                    if not SECRET_WORDS.search(str(k))}
         tags = {f"guard.{k}": str(trial[k]) for k in ("change", "quality", "worst_layer")
                 if trial.get(k)}  # what the trial changed, and what it measured
         if trial.get("violations"):
@@ -468,7 +423,7 @@ def main() -> int:
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     # the run and a booting Prefect server come first: MLflow has until the flow ends
     os.nice(10)
-    for name, value in _HTTP_DEFAULTS.items():
+    for name, value in HTTP_DEFAULTS.items():
         os.environ.setdefault(name, value)
     # replies go to the original stdout; anything MLflow prints goes to stderr instead
     outbox = os.fdopen(os.dup(sys.stdout.fileno()), "w")

@@ -23,13 +23,8 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.errors import OrchestratorError
 from orchestrator.project import project_root
 from orchestrator.project import tracking_uri as project_tracking_uri
-from orchestrator.tracking import (
-    PROBE_ENV,
-    is_secret_key,
-    numeric_values,
-    redact,
-    redacted,
-)
+from orchestrator.tracking import numeric_values
+from orchestrator.tracking_common import PROBE_ENV, is_secret_key, redact, redacted
 
 if TYPE_CHECKING:
     from orchestrator.executor import NodeOutcome

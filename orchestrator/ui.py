@@ -305,7 +305,7 @@ def _launch_mlflow(dashboards: Dashboards, uri: str, port: int | None, root: Pat
 
 def _mlflow_lines(dashboards: Dashboards, uri: str, recipe: str | None) -> list[str]:
     """Wait for the MLflow UI; the lines that say where it is and what it shows."""
-    from orchestrator.tracking import redact
+    from orchestrator.tracking_common import redact
 
     if dashboards.mlflow is None:
         return [f"MLflow   {redact(uri).rstrip('/')}/#/experiments?{CLASSIC_VIEW}",
