@@ -59,9 +59,9 @@ def test_npz_batches_samples_and_batch_size(npz: Path) -> None:
 
 
 def test_npz_stream_is_memory_mapped(npz: Path) -> None:
-    from orchestrator.data import _npz_array
+    from orchestrator.data.npz import npz_array
 
-    assert isinstance(_npz_array(npz, "x", "data"), np.memmap)
+    assert isinstance(npz_array(npz, "x", "data"), np.memmap)
     compressed = npz.with_name("small.npz")
     np.savez_compressed(compressed, x=np.ones((3, 4, 4, 1), np.float32))
     batches = list(representative_batches(DataSource(source="small.npz"), npz.parent, SPEC))
