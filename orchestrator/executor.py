@@ -55,16 +55,12 @@ class RunData:
         self.unstored_models: dict[str, ModelArtifact] = {}
         self._prepared = False
 
-    def prepare_stages(self) -> None:
+    def prepare_stages(self, use_cache: bool) -> None:
         """Once, at the run's first computed stage: the `prepare` hooks of the stages still
         to run (their slow setup overlaps the stages before them)."""
-        if self._prepared:
-            return
-        self._prepared = True
-        for node in self.plan.nodes:
-            prepare = get_stage(node.stage).prepare
-            if prepare is not None and not self.store.has(node.key):
-                prepare(node.params)
+        if not self._prepared:
+            self._prepared = True
+            prepare_stages(self.plan, self.store if use_cache else None)
 
     def load_model(self, key: str) -> ModelArtifact:
         if key in self.unstored_models:
@@ -128,6 +124,19 @@ class RunData:
             model_key=lambda key_id: self.plan.model_key(key_id or node.key_id))
 
 
+def prepare_stages(plan: Plan, store: Store | None) -> bool:
+    """Call the `prepare` hook of every stage of `plan` not in `store` yet (every stage:
+    no store, as with --no-cache); whether any node is still to compute. Hooks are
+    idempotent: a run may call this early (see orchestrator.warm_up) and again at its
+    first computed stage."""
+    pending = [node for node in plan.nodes if store is None or not store.has(node.key)]
+    for node in pending:
+        prepare = get_stage(node.stage).prepare
+        if prepare is not None:
+            prepare(node.params)
+    return bool(pending)
+
+
 def execute_node(node: Node, data: RunData, use_cache: bool = True) -> NodeOutcome:
     """Run (or fetch from the cache) one node. A failing stage raises StageError and leaves
     nothing in the store for this node."""
@@ -137,7 +146,7 @@ def execute_node(node: Node, data: RunData, use_cache: bool = True) -> NodeOutco
         return NodeOutcome(node=node, cached=True, seconds=stored.seconds,
                            metrics=stored.metrics, info=stored.info, warnings=stored.warnings,
                            files=stored.files)
-    data.prepare_stages()
+    data.prepare_stages(use_cache)
     stage = get_stage(node.stage)
     artifact = data.load_model(node.input_model_key)
     started = time.perf_counter()

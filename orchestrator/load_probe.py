@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import importlib
 import json
 import os
 import selectors
@@ -168,6 +169,7 @@ def serve() -> None:
     """The zygote's loop: a JSON spec per stdin line, a JSON answer per stdout line."""
     answers = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # anything a library prints goes to stderr, never into the answers
+    importlib.import_module("orchestrator.tf_adapter")  # first: TF's env defaults, as in runs
     import tensorflow  # noqa: F401 - imported once here, shared by every child
     from ai_edge_litert.interpreter import Interpreter  # noqa: F401
 
