@@ -347,9 +347,9 @@ def chart(rows: Sequence[Row], recipe_name: str) -> bytes:
     marker shape per variant, each change of variant named where it happens."""
     import io
 
-    from orchestrator.plots import _pyplot
+    from orchestrator.plots import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.lines import Line2D
     from matplotlib.transforms import blended_transform_factory
 

@@ -26,7 +26,8 @@ MAX_LAYERS_SHOWN = 20
 MAX_OP_TYPES_SHOWN = 8
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend (files only, no display)."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -38,12 +39,12 @@ def _pyplot() -> Any:
 def _png(figure: Any) -> bytes:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    _pyplot().close(figure)
+    pyplot().close(figure)
     return buffer.getvalue()
 
 
 def _grid(count: int, width: float = 4.2, height: float = 2.8) -> tuple[Any, list[Any]]:
-    plt = _pyplot()
+    plt = pyplot()
     columns = min(count, 3)
     rows = math.ceil(count / columns)
     figure, axes = plt.subplots(rows, columns, figsize=(width * columns, height * rows),
@@ -107,7 +108,7 @@ def tradeoff(report: Mapping[str, Any]) -> bytes | None:
     use_accuracy = any(v.get("accuracy") is not None for v in variants.values())
     quality_key = "accuracy" if use_accuracy else "fidelity"
     figure, axes = _grid(len(names), width=5.0, height=3.8)
-    plt = _pyplot()
+    plt = pyplot()
     for ax, target in zip(axes, names, strict=True):
         estimates = [v["targets"][target]["est_latency_ms"] for v in variants.values()
                      if v["targets"].get(target, {}).get("est_latency_ms") is not None]

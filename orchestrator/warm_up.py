@@ -1,10 +1,11 @@
 """Start a run's slow imports while the Prefect server boots.
 
 A first run waits seconds for the local Prefect server, and then seconds more for
-TensorFlow's import when it loads the model. When the run has stages to compute, a
-background thread imports TensorFlow during that wait and calls the `prepare` hooks of the
-stages still to run (the load probe's process starts importing TensorFlow on the other
-core). A run with everything cached imports nothing here: it needs no TensorFlow.
+TensorFlow's import when it loads the model. During that wait a background thread imports
+matplotlib (every run draws the report's pictures) and, when the run has stages to
+compute, TensorFlow, and calls the `prepare` hooks of the stages still to run (the load
+probe's process starts importing TensorFlow on the other core). A run with everything
+cached imports no TensorFlow: it needs none.
 
 Nothing here may fail a run: a problem (an unreadable recipe file, a store being written)
 is left for the run itself to find and report.
@@ -38,15 +39,16 @@ def _warm_up(loaded: LoadedRecipe, store_root: Path, variants: list[str] | None,
     try:
         from orchestrator.executor import prepare_stages
         from orchestrator.plan import build_plan
+        from orchestrator.plots import pyplot
         from orchestrator.session import data_fingerprints
         from orchestrator.store import Store
 
         plan = build_plan(loaded, variants, data_fingerprints(loaded))
         store = Store(store_root) if use_cache else None
         to_compute = prepare_stages(plan, store)
-        if store is not None and store.has_model(plan.source_key) and not to_compute:
-            return  # everything cached: the run needs no TensorFlow
-        importlib.import_module("orchestrator.tf_adapter")  # first: TF's env defaults
-        importlib.import_module("tensorflow")
+        if store is None or not store.has_model(plan.source_key) or to_compute:
+            importlib.import_module("orchestrator.tf_adapter")  # first: TF's env defaults
+            importlib.import_module("tensorflow")  # else the run needs no TensorFlow
+        pyplot()  # after TensorFlow: the model's load waits for that one first
     except Exception as exc:  # noqa: BLE001 - the run reports its own problems
         log.debug("warm-up stopped early: %s", exc)
