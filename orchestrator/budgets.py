@@ -204,7 +204,7 @@ def check_output_budgets(loaded: Any, outputs: Sequence[str], metadata: Mapping[
     """Every `budgets.outputs` name must be an output of the model (as evaluate names them,
     or that name before it was made safe): else RecipeError (exit 2) at its recipe line."""
     from orchestrator.errors import RecipeError
-    from orchestrator.recipe import make_error
+    from orchestrator.recipe_errors import make_error
 
     names = output_names(outputs, metadata)
     for index, target in enumerate(loaded.recipe.targets):

@@ -211,7 +211,7 @@ def npz_arrays(path: Path) -> list[Array]:
 
 def _fits(array: Array, spec: TensorSpec) -> bool:
     """The array is a batch of the model's input (the batch dimension free; a missing
-    trailing channel of 1 is added by the loader, as data.py does)."""
+    trailing channel of 1 is added by the loader, as data/fitting.py does)."""
     if array.kind not in "fiub" or not array.shape:
         return False
     if spec.shape is None:

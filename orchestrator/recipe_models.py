@@ -1,5 +1,6 @@
 """Pydantic models of the recipe (version 1). Loading, locations and wiring checks live in
-recipe.py; this module is only the shape of the data, so it stays light to import."""
+recipe.py and the recipe_*.py modules it calls; this module is only the shape of the data,
+so it stays light to import."""
 
 from __future__ import annotations
 
@@ -115,9 +116,9 @@ class Target(Strict):
 
 
 # A stage entry as written: "fold" or {"quantize_nodes": {...}}; validated against the
-# stage registry in recipe.py (so that params errors carry the stage's own field names).
-# The mapping's value stays Any here: recipe.parse_stage_entry checks it (one key, a known
-# stage, params a mapping), with messages that name the stage.
+# stage registry in recipe_checks.py (so that params errors carry the stage's own field
+# names). The mapping's value stays Any here: recipe_checks.parse_stage_entry checks it (one
+# key, a known stage, params a mapping), with messages that name the stage.
 StageEntry = str | dict[str, Any]
 
 # A range percentile, as freeze_ranges' min_percentile/max_percentile: 0 <= p < 50, not NaN.

@@ -188,7 +188,7 @@ def _local_store(uri: str) -> Path | None:
 def recipe_name(path: Path) -> str:
     """The recipe's `name`, read with the recipe loader's limits but not validated: the
     dashboards show the runs of a recipe that no longer validates, too."""
-    from orchestrator.recipe import load_yaml
+    from orchestrator.recipe_yaml import load_yaml
 
     name = load_yaml(path).data.get("name")
     if not isinstance(name, str) or not name:

@@ -1,0 +1,168 @@
+"""Recipe errors located in the YAML: `make_error` puts a message on the deepest part of a
+field's path that has a line and column, and `pydantic_error` turns pydantic's first error
+into one saying what was expected and what was found (union branches sorted out, "did you
+mean" for unknown keys).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Union, get_args, get_origin
+
+from pydantic import BaseModel, ValidationError
+
+from orchestrator.errors import RecipeError
+from orchestrator.recipe_models import Recipe
+
+# a recipe field's path: keys and list indices (`("pipelines", "int8", "stages", 0)`)
+Loc = tuple[str | int, ...]
+
+
+def dotted(loc: Loc) -> str:
+    """("a", 0, "b") -> "a.0.b"."""
+    return ".".join(str(p) for p in loc)
+
+
+def make_error(cls: type, message: str, path: Path | str, loc: Loc,
+               marks: Mapping[Loc, tuple[int, int]]) -> Any:
+    """An error located at the deepest part of `loc` that has a YAML mark."""
+    for depth in range(len(loc), -1, -1):
+        if loc[:depth] in marks:
+            line, column = marks[loc[:depth]]
+            return cls(message, file=str(path), line=line, column=column,
+                       field=dotted(loc) or None)
+    return cls(message, file=str(path), field=dotted(loc) or None)
+
+
+def _models_in(annotation: Any) -> Iterator[type[BaseModel]]:
+    """The pydantic models an annotation may hold (through Optional, list, dict, unions)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        yield annotation
+        return
+    if get_origin(annotation) in (Union, list, dict, tuple) or get_args(annotation):
+        for arg in get_args(annotation):
+            yield from _models_in(arg)
+
+
+def _model_at(loc: Loc) -> type[BaseModel] | None:
+    """The pydantic model class found at `loc` inside a Recipe, for 'did you mean'."""
+    model: type[BaseModel] | None = Recipe
+    for part in loc:
+        if model is None:
+            return None
+        if isinstance(part, int) or part not in model.model_fields and not any(
+                f.alias == part for f in model.model_fields.values()):
+            # list index or dict key: stay on the container's element model
+            continue
+        info = next(f for n, f in model.model_fields.items() if n == part or f.alias == part)
+        candidates = list(_models_in(info.annotation))
+        model = candidates[0] if candidates else None
+    return model
+
+
+def _field_names(model: type[BaseModel]) -> list[str]:
+    return [f.alias or n for n, f in model.model_fields.items()]
+
+
+def _is_type_mismatch(err: Mapping[str, Any], depth: int) -> bool:
+    """Whether `err` says a union branch (whose tag is at loc[depth - 1]) does not accept the
+    input's type at all, rather than finding something wrong inside a value of its type."""
+    kind = str(err["type"])
+    return len(err["loc"]) == depth and (
+        kind.endswith(("_type", "_parsing")) or kind in ("literal_error", "is_instance_of"))
+
+
+_NO_DATA: Any = object()
+
+
+def _tags(err: Mapping[str, Any], data: Any) -> list[bool]:
+    """For each part of a pydantic error's loc: True for a union branch tag (`str`,
+    `Device`, `dict[str,any]`, `function-after[...]`, `[key]`), False for a real key or
+    index of `data`. Tags consume no data; the last part of a `missing` error is the
+    missing key itself. Without `data`, only `function-...` parts are tags."""
+    loc = err["loc"]
+    if data is _NO_DATA:
+        return [str(p).startswith("function-") for p in loc]
+    node, tags = data, []
+    for i, part in enumerate(loc):
+        if isinstance(node, dict) and part in node and not str(part).startswith("function-"):
+            node, tag = node[part], False
+        elif (isinstance(node, list) and isinstance(part, int)
+              and not isinstance(part, bool) and 0 <= part < len(node)):
+            node, tag = node[part], False
+        else:
+            tag = not (i == len(loc) - 1 and err["type"] == "missing")
+        tags.append(tag)
+    return tags
+
+
+def _pick_error(errors: list[Any], data: Any) -> tuple[Any, Loc, list[Any]]:
+    """The error to report, its loc without union tags, and (when the input matches no
+    branch of a union) the branches' errors, else [].
+
+    pydantic reports a failed union once per branch, each loc carrying the branch's tag
+    (`targets.0.device.str`, `targets.0.device.Device.ram_mb`). The branch that accepts the
+    input's type is the one whose errors are not type mismatches at the branch itself: its
+    first error is the one that explains the problem.
+    """
+    chosen = errors[0]
+    done = 0  # loc parts before this are resolved
+    while True:
+        tags = _tags(chosen, data)
+        depth = next((i for i in range(done, len(tags)) if tags[i]), None)
+        if depth is None:
+            break
+        prefix = tuple(chosen["loc"][:depth])
+        branches: dict[Any, list[Any]] = {}
+        for err in errors:
+            if tuple(err["loc"][:depth]) == prefix and len(err["loc"]) > depth \
+                    and _tags(err, data)[depth]:
+                branches.setdefault(err["loc"][depth], []).append(err)
+        matching = [errs for errs in branches.values()
+                    if not all(_is_type_mismatch(e, depth + 1) for e in errs)]
+        if not matching:
+            real = tuple(p for p, tag in zip(prefix, tags, strict=False) if not tag)
+            return chosen, real, [errs[0] for errs in branches.values()]
+        errors = matching[0]
+        chosen = errors[0]
+        done = depth + 1
+    real = tuple(p for p, tag in zip(chosen["loc"], tags, strict=True) if not tag)
+    return chosen, real, []
+
+
+def _shown(value: Any) -> str:
+    return repr(value) if not isinstance(value, dict | list) else type(value).__name__
+
+
+def pydantic_error(exc: ValidationError, path: Path, marks: Mapping[Loc, tuple[int, int]],
+                    prefix: Loc = (), model: type[BaseModel] | None = None,
+                    data: Any = _NO_DATA) -> RecipeError:
+    """The first pydantic error as a located RecipeError saying expected vs found.
+
+    `data` is the validated input: with it, union branch tags are told from real keys and
+    a union's error is the one of the branch that matches the input's type."""
+    err, real, alternatives = _pick_error(exc.errors(), data)
+    loc: Loc = (*prefix, *real)
+    kind = err["type"]
+    if alternatives:
+        expected = " or ".join(dict.fromkeys(
+            str(e["msg"]).removeprefix("Input should be ") for e in alternatives))
+        message = f"expected {expected}; found {_shown(err.get('input'))}"
+    elif kind == "extra_forbidden":
+        key = loc[-1]
+        owner = model if model is not None else _model_at(loc[len(prefix):-1])
+        allowed = _field_names(owner) if owner else []
+        close = difflib.get_close_matches(str(key), allowed, n=1)
+        hint = f' (did you mean "{close[0]}"?)' if close else ""
+        message = f"unknown key {key!r}{hint}; expected one of: {', '.join(allowed)}"
+    elif kind == "missing":
+        message = f"missing required field {loc[-1]!r}"
+        loc = loc[:-1]  # the mapping that lacks it: the key itself has no line
+    elif kind == "value_error":  # our own validators' messages say what was found
+        message = str(err["msg"]).removeprefix("Value error, ")
+    else:
+        message = f"{err['msg']}; found {_shown(err.get('input'))}"
+    return make_error(RecipeError, message, path, loc, marks)
+
