@@ -76,7 +76,7 @@ class Row:
 def open_client(tracking_uri: str, recipe_name: str, recipe_arg: str) -> MlflowClient:
     """A client of the project's tracking store; HistoryError (exit 2) when it is
     unreachable, or when the local store does not exist yet (not created here)."""
-    from orchestrator.tracking import _HTTP_DEFAULTS, probe, redact
+    from orchestrator.tracking_common import HTTP_DEFAULTS, probe, redact
 
     if tracking_uri.startswith("sqlite:///"):
         database = Path(tracking_uri.removeprefix("sqlite:///").split("?")[0])
@@ -86,7 +86,7 @@ def open_client(tracking_uri: str, recipe_name: str, recipe_arg: str) -> MlflowC
     if unreachable:
         raise HistoryError(f"MLflow tracking at {redact(tracking_uri)!r} is unreachable: "
                            f"{unreachable}", field="MLFLOW_TRACKING_URI")
-    for key, value in _HTTP_DEFAULTS.items():  # a failing server says so within seconds
+    for key, value in HTTP_DEFAULTS.items():  # a failing server says so within seconds
         os.environ.setdefault(key, value)
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     # report.json per run: no progress bar for each on stderr

@@ -56,7 +56,6 @@ from orchestrator.tracking_common import (
 __all__ = ["HTTP_DEFAULTS", "PROBE_ENV", "PROBE_TIMEOUT_S", "REGISTRY_STATUS_TAG",
            "git_commit", "is_secret_key", "probe", "redact", "redacted", "run_name"]
 
-_HTTP_DEFAULTS = HTTP_DEFAULTS  # its name when it lived here (history.py reads it)
 _MAX_PARAM = 6000
 _MAX_TAG = 8000
 
