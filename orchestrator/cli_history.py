@@ -12,22 +12,8 @@ import argparse
 import json
 import sys
 
+from orchestrator.cli_common import positive_int, print_error
 from orchestrator.errors import OrchestratorError
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of runs >= 1")
-    return value
-
-
-def _error(exc: OrchestratorError) -> int:
-    print(f"error: {exc}", file=sys.stderr)
-    return exc.exit_code
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -53,7 +39,7 @@ def cmd_history(args: argparse.Namespace) -> int:
                                     metric, [t.name for t in recipe.targets], args.last)
         path = history.write_chart(history.chart(rows, recipe.name), folder)
     except OrchestratorError as exc:
-        return _error(exc)
+        return print_error(exc)
     if args.json:
         print(json.dumps([row.as_dict() for row in rows], indent=2))
         print(f"chart: {path}", file=sys.stderr)
@@ -72,7 +58,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     history.add_argument("-o", "--output", default=None, metavar="FOLDER",
                          help="where history.png goes (default: out/<recipe name> in the "
                          "recipe's project)")
-    history.add_argument("--last", type=_positive, default=None, metavar="N",
+    history.add_argument("--last", type=positive_int, default=None, metavar="N",
                          help="only the newest N runs")
     history.add_argument("--json", action="store_true",
                          help="print the rows as JSON instead of the table")

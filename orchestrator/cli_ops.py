@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from orchestrator.cli_common import positive_int
 from orchestrator.errors import OrchestratorError
 
 _DEFAULT = object()  # a limit not given: the documented default applies
@@ -198,15 +199,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, found {text!r}")
-    return value
-
 
 def _deployment_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("recipes", nargs="+", metavar="RECIPE_OR_FOLDER",
@@ -258,6 +250,6 @@ def add_parsers(sub: Any) -> None:
     serve = sub.add_parser("serve", help="serve every recipe's deployment from this process "
                            "(Prefect's serve) until Ctrl-C")
     _deployment_options(serve)
-    serve.add_argument("--limit", type=_positive_int, default=1, metavar="N",
+    serve.add_argument("--limit", type=positive_int, default=1, metavar="N",
                        help="runs at a time (default 1: a run already uses every core)")
     serve.set_defaults(fn=cmd_serve)

@@ -11,6 +11,7 @@ import argparse
 import sys
 from typing import Any
 
+from orchestrator.cli_common import print_error
 from orchestrator.errors import OrchestratorError
 
 DEFAULT_TOLERANCE = 0.005
@@ -26,10 +27,6 @@ def _tolerance(text: str) -> float:
     return value
 
 
-def _error(exc: OrchestratorError) -> int:
-    print(f"error: {exc}", file=sys.stderr)
-    return exc.exit_code
-
 
 def cmd_promote(args: argparse.Namespace) -> int:
     from orchestrator.project import project_root, tracking_uri
@@ -44,7 +41,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
         outcome = promote(tracking_uri(project_root(loaded.path)), loaded.recipe.name,
                           loaded.recipe.targets, loaded.devices(), args.to, args.tolerance)
     except OrchestratorError as exc:
-        return _error(exc)
+        return print_error(exc)
     name, version = outcome.name, outcome.version
     if outcome.already:
         print(f"{name} version {version} is {CANDIDATE} and already {outcome.alias}: "

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from project_env import in_project
 
 from orchestrator.cli import main
 from orchestrator.stages.benchmark import LATENCY_KEYS
@@ -24,27 +25,15 @@ pytestmark = pytest.mark.slow
 def digits_run(digits_example: Path, prefect_server: None, tmp_path_factory: pytest.TempPathFactory
                ) -> dict:
     """Run recipes/digits.yaml twice (fresh, then cached) in one workspace."""
-    import os
-
     work = tmp_path_factory.mktemp("digits")
     recipe = work / "recipes" / "digits.yaml"
     recipe.parent.mkdir()
     shutil.copy(ROOT / "recipes" / "digits.yaml", recipe)
     (work / "examples").symlink_to(ROOT / "examples")
-    old = {k: os.environ.get(k) for k in ("ORCHESTRATOR_HOME", "MLFLOW_TRACKING_URI")}
-    os.environ["ORCHESTRATOR_HOME"] = str(work / ".orchestrator")
-    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{work / 'mlflow.db'}"
-    cwd = Path.cwd()
-    os.chdir(work)
-    try:
+    env = {"ORCHESTRATOR_HOME": str(work / ".orchestrator"),
+           "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}"}
+    with in_project(work, env):
         codes = [main(["run", str(recipe), "-o", str(work / f"out{i}")]) for i in (1, 2)]
-    finally:
-        os.chdir(cwd)
-        for key, value in old.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     reports = [json.loads((work / f"out{i}" / "report.json").read_text()) for i in (1, 2)]
     return {"work": work, "codes": codes, "reports": reports}
 

@@ -4,13 +4,13 @@ the selected variant per target across them, as rows, a table and history.png.""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import struct
 import subprocess
 from pathlib import Path
 
 import pytest
+from project_env import in_project
 
 from orchestrator.cli import main
 
@@ -43,12 +43,8 @@ def history_runs(digits_example: Path, prefect_server: None,
     _git(work, "commit", "-q", "-m", "digits")
     env = {"ORCHESTRATOR_HOME": str(work / ".orchestrator"),
            "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlruns' / 'mlflow.db'}"}
-    old = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    cwd = Path.cwd()
-    os.chdir(work)
     commits, codes = [], []
-    try:
+    with in_project(work, env):
         commits.append(_git(work, "rev-parse", "HEAD"))
         codes.append(main(["run", str(recipe), "-o", str(work / "out1"), "--variant", "fp32"]))
         # the pi's size budget now excludes fp32: its selection must change
@@ -60,13 +56,6 @@ def history_runs(digits_example: Path, prefect_server: None,
         codes.append(main(["run", str(recipe), "-o", str(work / "out2"), "--variant", "fp32",
                            "--variant", "litert_dynamic"]))
         died = _died_run(env["MLFLOW_TRACKING_URI"], recipe)
-    finally:
-        os.chdir(cwd)
-        for key, value in old.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     reports = [json.loads((work / f"out{i}" / "report.json").read_text()) for i in (1, 2)]
     return {"work": work, "recipe": recipe, "env": env, "codes": codes, "commits": commits,
             "reports": reports, "died": died}
