@@ -78,21 +78,24 @@ def bare_litert(flatbuffer: bytes, x: np.ndarray, runs: int) -> list[float]:
     return times
 
 
-def stage_latency(artifact: ModelArtifact, runs: int) -> dict[str, float]:
+def stage_latency(artifact: ModelArtifact, x: np.ndarray, runs: int) -> dict[str, float]:
+    """The stage's latency on the very input the bare loop feeds (its representative)."""
     stage = get_stage("benchmark")
     params = stage.params(warmup=5, runs=runs, threads=1, profile_runs=0, memory=False)
-    result = stage.run(artifact, params, StageContext(pipeline="bench", stage="benchmark"))
+    ctx = StageContext(pipeline="bench", stage="benchmark",
+                       representative=lambda samples, batch_size: iter([x]))
+    result = stage.run(artifact, params, ctx)
     return dict(result.info["latency_ms"])
 
 
-def compare(name: str, bare: Any, artifact: ModelArtifact, runs: int, repeats: int
-            ) -> dict[str, Any]:
+def compare(name: str, bare: Any, artifact: ModelArtifact, x: np.ndarray, runs: int,
+            repeats: int) -> dict[str, Any]:
     bare_means, bare_p50s, stage_means, stage_p50s = [], [], [], []
     for _ in range(repeats):  # interleaved, so that a busy moment hits both alike
         times = bare(runs)
         bare_means.append(statistics.fmean(times))
         bare_p50s.append(statistics.median(times))
-        latency = stage_latency(artifact, runs)
+        latency = stage_latency(artifact, x, runs)
         stage_means.append(latency["mean"])
         stage_p50s.append(latency["p50"])
     row = {"model": name, "bare_mean": statistics.median(bare_means),
@@ -124,10 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     lite = convert.run(fp32, convert.params(mode="int8", calibration_samples=200),
                        StageContext(pipeline="bench", stage="convert_tflite",
                                     representative=representative)).artifact
-    rows = [compare("digits fp32 (TF session)", lambda n: bare_graph(fp32, x, n), fp32,
+    rows = [compare("digits fp32 (TF session)", lambda n: bare_graph(fp32, x, n), fp32, x,
                     runs, repeats),
             compare("digits int8 .tflite (LiteRT)",
-                    lambda n: bare_litert(lite.payload, x, n), lite, runs, repeats)]
+                    lambda n: bare_litert(lite.payload, x, n), lite, x, runs, repeats)]
     print(f"{runs} runs x {repeats} repeats, 1 thread; medians over repeats, ms per run")
     print("| model | bare mean | stage mean | ratio | bare p50 | stage p50 | ratio |")
     print("|---|---:|---:|---:|---:|---:|---:|")
