@@ -1,0 +1,436 @@
+"""`orchestrator benchmark MODEL`: the benchmark stage on model files of every kind, its
+printed tables checked against its own --json, and every bad input an exit 2 without a
+traceback. Real models throughout: a small Keras CNN with unknown spatial dimensions,
+exported as a SavedModel and converted (frozen .pb, .tflite, memmapped, encrypted)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.cli import main
+
+RUNS = 4
+KEY_ENV = "BENCH_TEST_KEY"
+
+# A Keras CNN with input (None, None, None, 3): batch and spatial size unknown. Built in a
+# fresh process, so that Keras' global state stays out of the test session.
+_MAKE = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    import keras
+    import tensorflow as tf
+
+    out = Path(sys.argv[1])
+    keras.utils.set_random_seed(0)
+    pixels = keras.Input((None, None, 3), name="pixels")
+    x = keras.layers.Conv2D(8, 3, padding="same", activation="relu", name="conv")(pixels)
+    x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
+    probs = keras.layers.Dense(4, activation="softmax", name="probs")(x)
+    model = keras.Model(pixels, probs)
+    model.export(str(out / "saved_model"), verbose=False)
+    model.save(out / "model.keras")
+    converter = tf.lite.TFLiteConverter.from_saved_model(str(out / "saved_model"))
+    (out / "model.tflite").write_bytes(converter.convert())
+""")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every kind of model file of one CNN, plus a key file and an unrelated key."""
+    from orchestrator.encryption import encrypt
+    from orchestrator.keys import encode_key, generate_key, write_key_file
+    from orchestrator.sources import load_model
+    from orchestrator.stages import get_stage
+    from orchestrator.stages.base import StageContext
+
+    out = tmp_path_factory.mktemp("bench-models")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "-c", _MAKE, str(out)], capture_output=True,
+                          text=True, env=env, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ctx = StageContext(pipeline="test", stage="freeze")
+    freeze = get_stage("freeze")
+    frozen = freeze.run(load_model(out / "saved_model"), freeze.params(), ctx).artifact
+    (out / "model.pb").write_bytes(frozen.graph_bytes())
+    memmap = get_stage("memmap")  # min size 100: the conv kernel and dense weights map
+    mapped = memmap.run(frozen, memmap.params(min_conversion_size_bytes=100, measure=False),
+                        ctx).artifact
+    (out / "model.mmap").write_bytes(mapped.payload)
+    key = generate_key()
+    write_key_file(out / "model.key", key)
+    for name, kind, plain in (("pb.enc", "graphdef", frozen.graph_bytes()),
+                              ("mmap.enc", "memmapped", mapped.payload),
+                              ("tflite.enc", "tflite", (out / "model.tflite").read_bytes())):
+        (out / name).write_bytes(encrypt(plain, kind, key))
+    (out / "key.txt").write_text(encode_key(key))
+    (out / "other-key.txt").write_text(encode_key(generate_key()))
+    return {p.name: p for p in out.iterdir()}
+
+
+@pytest.fixture
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, models: dict[str, Path]) -> Path:
+    """Run in a scratch folder, the key in KEY_ENV, the session's default key unset."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(KEY_ENV, models["key.txt"].read_text())
+    monkeypatch.delenv("ORCHESTRATOR_MODEL_KEY", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return tmp_path
+
+
+def bench(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(["benchmark", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def bench_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    code, out, err = bench(capsys, *args, "--json")
+    assert code == 0, err
+    return dict(json.loads(out))
+
+
+# --------------------------------------------------------------------------- parsing text
+
+
+LATENCY = re.compile(r"^  threads=(\d+): count=(\d+) (.*)$", re.MULTILINE)
+
+
+def latency_lines(text: str) -> list[tuple[int, int, dict[str, float]]]:
+    return [(int(t), int(c), {k: float(v) for k, v in (kv.split("=") for kv in rest.split())})
+            for t, c, rest in LATENCY.findall(text)]
+
+
+def table(text: str, title: str) -> tuple[list[str], list[list[str]]]:
+    """A benchmark_model table: its columns and rows (split on runs of 2+ spaces; the last
+    column, the node name, holds no such run)."""
+    lines = text.split(f"============ {title} ============\n", 1)[1].splitlines()
+    rows = []
+    for line in lines[1:]:
+        if not line.strip() or line.startswith("..."):
+            break
+        rows.append(re.split(r" {2,}", line.strip()))
+    return re.split(r" {2,}", lines[0].strip()), rows
+
+
+def number_after(text: str, label: str) -> int:
+    match = re.search(rf"{label}: ([\d,]+)", text)
+    assert match, f"no {label} in:\n{text}"
+    return int(match.group(1).replace(",", ""))
+
+
+# --------------------------------------------------------------------------- the tables
+
+
+def test_text_report_agrees_with_json(in_tmp: Path, models: dict[str, Path],
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    args = (str(models["model.pb"]), "--runs", str(RUNS), "--warmup", "1", "--threads", "1,2",
+            "--profile-runs", "3", "--input-shape", "pixels:2,8,8,3")
+    info = bench_json(capsys, *args)
+    assert info["latency_ms"]["count"] == RUNS and len(info["latency_runs_ms"]) == RUNS
+    assert [row["threads"] for row in info["threads_matrix"]] == [1, 2]
+    assert info["batch_size"] == 2 and info["flops"] > 0
+    assert info["profile"]["source"] == "step_stats" and info["profile"]["runs"] == 3
+    assert info["memory"]["load_ms"] > 0
+
+    code, text, err = bench(capsys, *args)
+    assert code == 0, err
+    assert "Traceback" not in err
+    # one latency line per threads setting, each over --runs timed runs, ordered stats
+    lines = latency_lines(text)
+    assert [(t, c) for t, c, _ in lines] == [(1, RUNS), (2, RUNS)]
+    for _, _, stats in lines:
+        assert set(stats) == {"first", "curr", "min", "max", "avg", "std", "p50", "p90", "p99"}
+        assert stats["min"] <= stats["p50"] <= stats["p90"] <= stats["p99"] <= stats["max"]
+        assert stats["min"] <= stats["avg"] <= stats["max"]
+    assert "batch 2" in text and "1 warm-up + 4 timed runs" in text
+    host = info["host"]
+    host_line = next(line for line in text.splitlines() if line.startswith("Measured on"))
+    assert "Measured on this host: " in host_line
+    assert host["cpu"] in host_line and f"TensorFlow {host['tensorflow']}" in host_line
+    assert f"{host['cores']} cores" in host_line
+    # measured figures first, the estimates under their own header
+    measured, estimated = text.split("Estimated (computed from the graph, not measured):")
+    assert "Memory of a fresh process" in measured and "load" in measured
+    assert "FLOPs" not in measured and "Peak memory" not in measured
+    assert number_after(estimated, "FLOPs") == info["flops"]
+    assert number_after(estimated, "Peak memory") == info["peak_memory_bytes"]
+
+    # "Summary by node type": the same op types and counts as --json, its % adding to 100
+    columns, rows = table(text, "Summary by node type")
+    assert columns == ["node type", "count", "avg ms", "avg %", "cdf %", "mem KB"]
+    by_type = {r[0]: int(r[1]) for r in rows}
+    assert by_type == {r["node type"]: r["count"] for r in info["profile"]["by_node_type"]}
+    assert sum(float(r[3]) for r in rows) == pytest.approx(100.0, abs=0.05)
+    assert float(rows[-1][4]) == pytest.approx(100.0, abs=0.01)
+    # "Top by Computation Time": at most 10 nodes, slowest first, cdf% the running sum
+    columns, top = table(text, "Top by Computation Time")
+    assert columns == ["node type", "start", "first", "avg ms", "%", "cdf%", "mem KB", "name"]
+    assert 0 < len(top) <= 10
+    running = 0.0
+    for row in top:
+        running += float(row[4])
+        assert float(row[5]) == pytest.approx(running, abs=0.01)
+    assert [float(r[3]) for r in top] == sorted((float(r[3]) for r in top), reverse=True)
+    assert {r[0] for r in top} <= set(by_type)
+    nodes = sum(by_type.values())
+    if nodes > len(top):  # the rest is summarized: the shares still add up to 100
+        rest = re.search(r"\.\.\. (\d+) more nodes, ([\d.]+)% of the time", text)
+        assert rest and int(rest.group(1)) == nodes - len(top)
+        assert running + float(rest.group(2)) == pytest.approx(100.0, abs=0.05)
+    assert "Per-node profile, measured over 3 traced runs at threads=1" in text
+
+
+def test_input_shape_fixes_unknown_dimensions(in_tmp: Path, models: dict[str, Path],
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    common = (str(models["model.pb"]), "--runs", "2", "--warmup", "0", "--threads", "1",
+              "--profile-runs", "0")
+    small = bench_json(capsys, *common, "--input-shape", "pixels:1,8,8,3")
+    large = bench_json(capsys, *common, "--input-shape", "pixels:3,16,16,3")
+    assert (small["batch_size"], large["batch_size"]) == (1, 3)
+    # FLOPs are per sample: the convolution's grow with the area (x4), the head's do not
+    assert 3.5 < large["flops"] / small["flops"] <= 4.0
+    assert large["memory"] is not None and large["peak_memory_bytes"] > small[
+        "peak_memory_bytes"]
+    # without a shape the unknown dimensions are fed as 1, and the user is told so
+    code, out, err = bench(capsys, *common)
+    assert code == 0
+    assert "warning: input pixels has unknown dimensions [?,?,?,3]" in err
+    assert "--input-shape pixels:" in err
+    assert "Input: pixels float32 [?,?,?,3]" in out
+
+
+def test_several_inputs_in_one_option(in_tmp: Path, capsys: pytest.CaptureFixture[str]
+                                      ) -> None:
+    """benchmark_model's comma-separated form names each input; the second input's
+    unknown dimension takes the given size (its FLOPs grow with it)."""
+    import numpy as np
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 4], name="x")
+        y = tf.compat.v1.placeholder(tf.float32, [None, None], name="y")
+        w = tf.constant(np.ones((4, 2), np.float32), name="w")
+        tf.add(tf.matmul(x, w), tf.reduce_sum(y * y, axis=1, keepdims=True), name="out")
+    path = in_tmp / "two_inputs.pb"
+    path.write_bytes(graph.as_graph_def().SerializeToString())
+    args = (str(path), "--runs", "2", "--warmup", "0", "--threads", "1", "--profile-runs", "0")
+    narrow = bench_json(capsys, *args, "--input-shape", "x:3,4,y:3,5")
+    wide = bench_json(capsys, *args, "--input-shape", "y:3,50", "--input-shape", "x:3,4")
+    assert narrow["batch_size"] == wide["batch_size"] == 3
+    assert wide["flops"] > narrow["flops"]
+
+
+# --------------------------------------------------------------------------- every kind
+
+
+_FLOPS: dict[str, int] = {}
+KINDS = ["saved_model", "model.keras", "model.pb", "model.mmap", "model.tflite", "pb.enc",
+         "mmap.enc", "tflite.enc"]
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_every_kind_is_benchmarked(name: str, in_tmp: Path, models: dict[str, Path],
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    args = (str(models[name]), "--runs", str(RUNS), "--warmup", "1", "--threads", "1",
+            "--profile-runs", "2", "--key-env", KEY_ENV, "--input-shape", "pixels:2,8,8,3")
+    info = bench_json(capsys, *args)
+    assert info["latency_ms"]["count"] == RUNS and info["batch_size"] == 2
+    assert info["memory"] is not None  # the fresh process read the file as it ships
+    code, text, err = bench(capsys, *args)
+    assert code == 0 and "Traceback" not in err
+    assert [(t, c) for t, c, _ in latency_lines(text)] == [(1, RUNS)]
+    key = models["key.txt"].read_text().strip()
+    assert key not in text and key not in err
+    if "tflite" in name:
+        # LiteRT's Python interpreter has no op profiler: the stage's note, no empty tables
+        assert info["profile"]["source"] is None and info["flops"] is None
+        assert info["profile"]["note"] in text
+        assert "Top by Computation Time" not in text and "Summary by node type" not in text
+        assert "serving_default_pixels:0 float32 [2,8,8,3]" in text
+    else:
+        if "model.pb" not in _FLOPS:
+            _FLOPS["model.pb"] = bench_json(capsys, str(models["model.pb"]), "--runs", "1",
+                                            "--profile-runs", "0", "--threads", "1",
+                                            "--input-shape", "pixels:2,8,8,3")["flops"]
+        assert info["flops"] == _FLOPS["model.pb"]  # the same graph in every container
+        assert info["profile"]["source"] == "step_stats"
+        assert "Top by Computation Time" in text and "Summary by node type" in text
+        assert "Input: pixels float32 [2,8,8,3]" in text
+    if name.endswith(".enc"):
+        assert f"from environment variable {KEY_ENV}" in text
+
+
+def test_key_file_opens_an_encrypted_model(in_tmp: Path, models: dict[str, Path],
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    info = bench_json(capsys, str(models["pb.enc"]), "--key-file", str(models["model.key"]),
+                      "--runs", "1", "--threads", "1", "--profile-runs", "0")
+    assert info["latency_ms"]["count"] == 1
+
+
+def test_help_defaults_are_the_stages() -> None:
+    from orchestrator.cli import build_parser
+    from orchestrator.stages.benchmark import Params
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    helps = {a.dest: a.help for a in sub.choices["benchmark"]._actions}
+    for dest in ("runs", "warmup", "profile_runs"):
+        assert f"(default {Params.model_fields[dest].default})" in helps[dest]
+
+
+def test_parse_input_shapes() -> None:
+    from orchestrator.cli_benchmark import parse_input_shapes, parse_threads
+
+    assert parse_input_shapes(["a:1,3,b:2,5,5", "c:4"]) == {"a": (1, 3), "b": (2, 5, 5),
+                                                            "c": (4,)}
+    assert parse_input_shapes(["x:0:1,8"]) == {"x:0": (1, 8)}  # a tensor name
+    assert parse_input_shapes(["scalar:"]) == {"scalar": ()}
+    assert parse_threads("1, 2,4") == [1, 2, 4]
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _truncated(models: dict[str, Path], name: str, keep: int, tmp: Path) -> str:
+    path = tmp / f"cut-{name}"
+    path.write_bytes(models[name].read_bytes()[:keep])
+    return str(path)
+
+
+BAD = {
+    "missing file": (lambda m, t: [str(t / "nope.pb")], ["nope.pb", "not found"]),
+    "unknown format": (lambda m, t: [_write(t / "model.onnx", b"onnx?")],
+                       ["model.onnx", "cannot tell the model format", ".tflite"]),
+    "truncated tflite": (lambda m, t: [_truncated(m, "model.tflite", 1000, t)],
+                         ["cut-model.tflite", "truncated"]),
+    "tflite header only": (lambda m, t: [_truncated(m, "model.tflite", 8, t)],
+                           ["cut-model.tflite", "LiteRT"]),
+    "truncated pb": (lambda m, t: [_truncated(m, "model.pb", 1500, t)],
+                     ["cut-model.pb", "not a GraphDef"]),
+    "garbage pb": (lambda m, t: [_write(t / "junk.pb", b"\xff" * 3000)],
+                   ["junk.pb", "GraphDef"]),
+    "truncated mmap": (lambda m, t: [_truncated(m, "model.mmap", 2000, t)],
+                       ["cut-model.mmap", "memmapped package"]),
+    "truncated enc": (lambda m, t: [_truncated(m, "pb.enc", 200, t), "--key-env", KEY_ENV],
+                      ["cut-pb.enc", "modified or truncated"]),
+    "enc without key": (lambda m, t: [str(m["pb.enc"]), "--key-env", "NO_SUCH_KEY_VAR"],
+                        ["pb.enc", "no model key", "NO_SUCH_KEY_VAR"]),
+    "enc, wrong key": (lambda m, t: [str(m["pb.enc"]), "--key-file", str(m["other-key.txt"])],
+                       ["pb.enc", "wrong key", "other-key.txt"]),
+    "runs 0": (lambda m, t: [str(m["model.pb"]), "--runs", "0"], ["--runs", "at least 1"]),
+    "threads 0": (lambda m, t: [str(m["model.pb"]), "--threads", "0"],
+                  ["--threads", "at least 1"]),
+    "threads empty": (lambda m, t: [str(m["model.pb"]), "--threads", ""], ["--threads"]),
+    "threads not numbers": (lambda m, t: [str(m["model.pb"]), "--threads", "1,two"],
+                            ["--threads", "'two'"]),
+    "shape: unknown input": (lambda m, t: [str(m["model.pb"]), "--input-shape", "image:1,8,8,3"],
+                             ["no input 'image'", "pixels [?,?,?,3]"]),
+    "shape: wrong rank": (lambda m, t: [str(m["model.pb"]), "--input-shape", "pixels:1,8,8"],
+                          ["'pixels'", "[?,?,?,3] (rank 4)", "[1,8,8] has rank 3"]),
+    "shape: fixed dim": (lambda m, t: [str(m["model.mmap"]), "--input-shape", "pixels:1,8,8,4"],
+                         ["'pixels'", "[?,?,?,3]", "dimension 3 is fixed to 3",
+                          "[1,8,8,4]"]),
+    "shape: tflite rank": (lambda m, t: [str(m["model.tflite"]), "--input-shape", "pixels:8,8"],
+                           ["serving_default_pixels:0", "[?,?,?,3]", "[8,8]"]),
+    "shape: enc input": (lambda m, t: [str(m["tflite.enc"]), "--key-env", KEY_ENV,
+                                       "--input-shape", "nope:1"],
+                         ["no input 'nope'", "serving_default_pixels:0"]),
+    "shape: zero dim": (lambda m, t: [str(m["model.pb"]), "--input-shape", "pixels:0,8,8,3"],
+                        ["--input-shape", "at least 1"]),
+    "shape: no name": (lambda m, t: [str(m["model.pb"]), "--input-shape", "1,8,8,3"],
+                       ["--input-shape", "NAME:d1,d2"]),
+}
+
+
+def _write(path: Path, data: bytes) -> str:
+    path.write_bytes(data)
+    return str(path)
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_is_exit_2_without_traceback(case: str, in_tmp: Path,
+                                               models: dict[str, Path],
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    make_args, expected = BAD[case]
+    # --runs 1 first: a case's own --runs comes later and wins
+    code, out, err = bench(capsys, "--runs", "1", *make_args(models, in_tmp))
+    assert code == 2, (out, err)
+    assert out == ""
+    assert err.startswith("error: ") and "Traceback" not in err
+    assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1
+    for fragment in expected:
+        assert fragment in err, err
+    key = models["key.txt"].read_text().strip()
+    assert key not in err
+
+
+def test_a_shape_the_graph_cannot_take_is_exit_2(in_tmp: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """x [?,4] reshaped to a fixed [1,4]: batch 2 fits the input, not the graph behind it;
+    found by shape inference (GraphDef) or LiteRT's allocation (.tflite), before any run."""
+    import tensorflow as tf
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32, name="x")])
+    def fixed(x: Any) -> Any:
+        return tf.reshape(x, [1, 4]) * 2.0
+
+    concrete = fixed.get_concrete_function()
+    lite = in_tmp / "fixed.tflite"
+    lite.write_bytes(tf.lite.TFLiteConverter.from_concrete_functions([concrete]).convert())
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 4], name="x")
+        tf.identity(tf.reshape(x, [1, 4]) * 2.0, name="out")
+    pb = in_tmp / "fixed.pb"
+    pb.write_bytes(graph.as_graph_def().SerializeToString())
+    for path, reason in ((pb, "Cannot reshape a tensor with 8 elements"), (lite, "reshape")):
+        code, out, err = bench(capsys, str(path), "--runs", "1", "--input-shape", "x:2,4")
+        assert code == 2 and out == "", err
+        assert err.startswith(f"error: {path}: the model does not take --input-shape x:2,4: ")
+        assert reason in err and "Traceback" not in err
+    code, _, err = bench(capsys, str(pb), "--runs", "1", "--profile-runs", "0",
+                         "--input-shape", "x:1,4")  # the size it was built for
+    assert code == 0, err
+
+
+def test_a_model_tensorflow_cannot_run_is_exit_2(in_tmp: Path, models: dict[str, Path],
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A graph that parses and imports, but whose weight holds too few bytes."""
+    from tensorflow.core.framework import graph_pb2
+
+    graph_def = graph_pb2.GraphDef()
+    graph_def.ParseFromString(models["model.pb"].read_bytes())
+    const = next(n for n in graph_def.node if n.op == "Const"
+                 and len(n.attr["value"].tensor.tensor_content) > 16)
+    const.attr["value"].tensor.tensor_content = const.attr["value"].tensor.tensor_content[:-4]
+    path = in_tmp / "short_weight.pb"
+    path.write_bytes(graph_def.SerializeToString())
+    code, out, err = bench(capsys, str(path), "--runs", "1", "--threads", "1")
+    assert code == 2 and out == ""
+    assert err.startswith(f"error: {path}: TensorFlow cannot run this model: ")
+    assert "Traceback" not in err
+
+
+def test_corrupt_tflite_in_the_real_command(in_tmp: Path, models: dict[str, Path]) -> None:
+    """The console command itself, in a fresh process: a flatbuffer whose bytes are
+    scrambled past its header is rejected by LiteRT's verifier, never a crash."""
+    data = bytearray(models["model.tflite"].read_bytes())
+    data[64:] = bytes(reversed(data[64:]))
+    path = in_tmp / "scrambled.tflite"
+    path.write_bytes(bytes(data))
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run([sys.executable, "-m", "orchestrator", "benchmark", str(path)],
+                          capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "error: " in done.stderr and "scrambled.tflite" in done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
