@@ -145,7 +145,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         with ConsoleProgress(total) as progress, recipe_flow.observed_by(progress):
             report = recipe_flow.run(str(loaded.path), overrides=list(args.set),
                                      variants=args.variant or None, no_cache=args.no_cache,
-                                     output=output, heartbeats=server is None)
+                                     output=output, heartbeats=server is None,
+                                     executor=args.executor, dask_address=args.dask_address)
     except OrchestratorError as exc:
         return _error(exc)
     finally:
@@ -246,6 +247,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-cache", action="store_true", help="run every stage again")
     run.add_argument("--variant", action="append", default=[], metavar="NAME",
                      help="run only this pipeline (and its from: ancestors); repeatable")
+    run.add_argument("--executor", choices=["local", "dask"], default=None,
+                     help="where the stages run (wins over the recipe's execution.executor): "
+                     "local, one at a time; dask, pipelines in parallel on Dask")
+    run.add_argument("--dask-address", default=None, metavar="ADDR",
+                     help="an existing Dask scheduler, e.g. tcp://10.0.0.5:8786 (implies "
+                     "--executor dask; without it, dask starts a LocalCluster)")
     run.set_defaults(fn=cmd_run)
     validate = sub.add_parser("validate", help="validate recipes without running them")
     validate.add_argument("recipes", nargs="+")

@@ -39,6 +39,10 @@ class NodeOutcome:
     info: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
+    # wall clock (epoch seconds) when this run's task began and ended the node, in whatever
+    # process ran it: shows which stages ran at the same time (report.json's stages)
+    started: float = 0.0
+    finished: float = 0.0
 
 
 class RunData:
@@ -140,6 +144,13 @@ def prepare_stages(plan: Plan, store: Store | None) -> bool:
 def execute_node(node: Node, data: RunData, use_cache: bool = True) -> NodeOutcome:
     """Run (or fetch from the cache) one node. A failing stage raises StageError and leaves
     nothing in the store for this node."""
+    began = time.time()
+    outcome = _execute(node, data, use_cache)
+    outcome.started, outcome.finished = began, time.time()
+    return outcome
+
+
+def _execute(node: Node, data: RunData, use_cache: bool) -> NodeOutcome:
     store = data.store
     if use_cache and store.has(node.key) and node.output_model_key not in data.unstored_models:
         stored = store.get_result(node.key)

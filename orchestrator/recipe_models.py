@@ -154,6 +154,32 @@ class Tune(Strict):
         "0 <= p < 50.")
 
 
+class Execution(Strict):
+    """Where the stage tasks run. `orchestrator run --executor/--dask-address` win over it."""
+
+    executor: Literal["local", "dask"] = Field(
+        "local", description="local: the stages one at a time in the run's own process "
+        "(TensorFlow already uses every core). dask: Prefect's DaskTaskRunner (prefect-dask) "
+        "runs every stage whose input is ready, so pipelines that do not depend on each "
+        "other run in parallel.")
+    workers: PositiveInt | None = Field(
+        None, description="dask without `address`: worker processes of the LocalCluster it "
+        "starts (default: Dask's own choice for this machine).")
+    threads_per_worker: PositiveInt = Field(
+        1, description="dask without `address`: threads per worker process.")
+    address: str | None = Field(
+        None, min_length=1, description="dask: an existing scheduler's address, e.g. "
+        "tcp://10.0.0.5:8786, instead of a LocalCluster. Its workers must see the same "
+        "store (ORCHESTRATOR_HOME) and the recipe's files at the same paths.")
+
+    @model_validator(mode="after")
+    def _cluster_or_address(self) -> Execution:
+        if self.address is not None and self.workers is not None:
+            raise ValueError("give either `address` (an existing scheduler) or `workers` (a "
+                             "LocalCluster to start), not both")
+        return self
+
+
 class Schedule(Strict):
     """When `orchestrator deploy` runs the recipe unattended (a Prefect cron schedule)."""
 
@@ -228,6 +254,8 @@ class Recipe(Strict):
     pipelines: dict[str, Pipeline] = Field(min_length=1, max_length=MAX_PIPELINES)
     tune: Tune | None = Field(None, description="Accuracy guard settings for 8-bit pipelines.")
     schedule: Schedule | None = Field(None, description="When `orchestrator deploy` runs it.")
+    execution: Execution | None = Field(None, description="Where the stage tasks run (local "
+                                        "by default, or on Dask).")
     retrain: Retrain | None = Field(None, description="Train a new model first; the "
                                     "pipelines run on the model it returns.")
     # `register` as written; the attribute name avoids ABCMeta.register

@@ -65,6 +65,8 @@ def build_variant(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, N
         "metrics": {k: v for k, v in metrics.items() if isinstance(v, int | float)},
         "warnings": [w for o in own for w in o.warnings],
         "stages": [{"name": o.node.stage, "seconds": round(o.seconds, 4), "cached": o.cached,
+                    # when this run's task ran it (epoch s): overlaps show parallel stages
+                    "started": round(o.started, 3), "finished": round(o.finished, 3),
                     **({"warnings": o.warnings} if o.warnings else {})} for o in own],
     }
     for key in ("ranges", "memmap", "encryption", "outputs", "layer_errors", "float_nodes",

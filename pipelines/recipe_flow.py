@@ -130,7 +130,8 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
     3 for a failing stage (outputs of the failed run removed). `output` defaults to
     out/<recipe name> under the recipe's project root."""
     from orchestrator import project
-    from orchestrator.guard import GuardResult, apply_guard
+    from orchestrator.guard import GuardResult, apply_guard, guarded_pipelines
+    from orchestrator.parallel import run_by_dependencies
     from orchestrator.recipe import load_recipe
     from orchestrator.report import build_report, discard_outputs, write_outputs
     from orchestrator.tracking_client import TrackingClient, TrackingError
@@ -159,15 +160,28 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
         raise
     plan, hooks = session.plan, [*_observers.get(), tracker]
 
+    parallel = _runs_in_parallel()
+
     def run_node(node: Node) -> NodeOutcome:
         _notify(hooks, "on_node_start", node)
         try:
-            outcome = stage_task.with_options(task_run_name=_task_run_name(node))(node, ref)
+            task = stage_task.with_options(task_run_name=_task_run_name(node))
+            # on a parallel task runner (Dask) a guard trial runs on a worker too
+            outcome = task.submit(node, ref).result() if parallel else task(node, ref)
         except BaseException as exc:
             _notify(hooks, "on_node_error", node, exc)
             raise
         _notify(hooks, "on_node_end", outcome)
         return outcome
+
+    def submit_node(node: Node, wait_for: list[Any]) -> Any:
+        return stage_task.with_options(task_run_name=_task_run_name(node)).submit(
+            node, ref, wait_for=wait_for)
+
+    def guard(name: str, done: dict[str, NodeOutcome]) -> GuardResult | None:
+        return apply_guard(name, plan, session.data, done, run_node,
+                           on_trial=lambda *trial: (_log_trial(*trial), _notify(
+                               hooks, "on_guard_trial", *trial)))
 
     try:
         from prefect.runtime import flow_run
@@ -177,14 +191,16 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
         tracker.check()  # a tracking URI that fails fails before the stages, when it can
         outcomes: dict[str, NodeOutcome] = {}
         trials: dict[str, GuardResult] = {}
-        # Nodes run one at a time, parents first: TF already uses every core.
-        for name in plan.pipelines:
+        if parallel:  # each node as soon as its input is ready, on the runner's workers
+            outcomes, trials = run_by_dependencies(
+                plan, submit_node, lambda method, *args: _notify(hooks, method, *args),
+                guard, guarded_pipelines(plan))
+        # local: nodes run one at a time, parents first: TF already uses every core.
+        for name in () if parallel else plan.pipelines:
             plan.replan(name)  # its `from:` parent may end elsewhere after the guard
             for node in plan.pipelines[name]:
                 outcomes[node.id] = run_node(node)
-            guarded = apply_guard(name, plan, session.data, outcomes, run_node,
-                                  on_trial=lambda *trial: (_log_trial(*trial), _notify(
-                                      hooks, "on_guard_trial", *trial)))
+            guarded = guard(name, outcomes)
             if guarded is not None:
                 plan.pipelines[name] = guarded.nodes
                 outcomes.update(guarded.outcomes)
@@ -221,6 +237,16 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
     return {**report, "out_dir": str(out_dir), "registry": registry, "locations": {
         "store": str(store_root), "tracking": project.tracking_uri(root),
         "project_root": str(root)}}
+
+
+def _runs_in_parallel() -> bool:
+    """Whether this flow run's task runner is a parallel one (Dask), not the default
+    thread pool: `orchestrator run --executor dask` or `execution: {executor: dask}`."""
+    from prefect.context import FlowRunContext
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    context = FlowRunContext.get()
+    return context is not None and not isinstance(context.task_runner, ThreadPoolTaskRunner)
 
 
 class _ApiLogs:
@@ -281,11 +307,26 @@ def _versions() -> dict[str, str]:
     return found
 
 
-def run(recipe: str, *, heartbeats: bool = True, **parameters: Any) -> dict[str, Any]:
+def run(recipe: str, *, heartbeats: bool = True, executor: str | None = None,
+        dask_address: str | None = None, **parameters: Any) -> dict[str, Any]:
     """Call the flow in this process. `heartbeats=False` for our own local server: it runs
     no background services, so nothing there reads them, and stopping their thread at the
-    end of the flow costs up to 1 s."""
+    end of the flow costs up to 1 s. `executor` (local|dask) and `dask_address` win over
+    the recipe's `execution:` block; an address nothing answers at is exit 2 before the
+    flow starts."""
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    from orchestrator import execution
+    from orchestrator.recipe import load_recipe
+
+    try:
+        loaded = load_recipe(recipe, list(parameters.get("overrides") or []))
+    except OrchestratorError:
+        loaded = None  # the flow reports it, as for any run
+    chosen = execution.resolve(loaded, executor, dask_address)
+    execution.check_address(chosen)
+    runner = execution.task_runner(chosen)
+    the_flow = recipe_flow if runner is None else recipe_flow.with_options(task_runner=runner)
 
     # A failing stage is reported once, by the CLI, naming pipeline and stage; Prefect's run
     # loggers would print its traceback to the console too. The failure still reaches the
@@ -294,7 +335,7 @@ def run(recipe: str, *, heartbeats: bool = True, **parameters: Any) -> dict[str,
                  "prefect.flow_engine"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     if heartbeats:
-        return recipe_flow(recipe, **parameters)
+        return the_flow(recipe, **parameters)
     with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
-        return recipe_flow(recipe, **parameters)
+        return the_flow(recipe, **parameters)
 
