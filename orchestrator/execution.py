@@ -99,11 +99,16 @@ def task_runner(execution: Execution) -> Any | None:
         from prefect_dask import DaskTaskRunner
     except ImportError as exc:  # a broken install, not the user's recipe
         raise ExecutionError(f"executor dask needs the prefect-dask package: {exc}") from exc
+    import logging
+
+    # the scheduler's and workers' INFO lines (startup, connections) are not the run's news
+    logging.getLogger("distributed").setLevel(logging.WARNING)
     if execution.address is not None:
         return DaskTaskRunner(address=execution.address)
     kwargs: dict[str, Any] = {
         "threads_per_worker": execution.threads_per_worker, "processes": True,
         "dashboard_address": None,  # no fixed port to clash with another run's cluster
+        "silence_logs": logging.WARNING,
         "env": worker_env()}
     if execution.workers is not None:
         kwargs["n_workers"] = execution.workers

@@ -49,6 +49,13 @@ def observed_by(*observers: Any) -> Iterator[None]:
         _observers.reset(token)
 
 
+def current_observers() -> tuple[Any, ...]:
+    """The observers of this thread's flows. (The flow's body reads them through this
+    function: a Dask task runner pickles the flow's function by value, and a ContextVar it
+    named directly cannot be pickled.)"""
+    return _observers.get()
+
+
 def _notify(hooks: Sequence[Any], method: str, *args: Any) -> None:
     for hook in hooks:
         fn = getattr(hook, method, None)
@@ -81,12 +88,31 @@ def retrain_task(recipe: str, overrides: list[str], store: str) -> str:
     return str(retrain(load_recipe(recipe, overrides), Path(store)))
 
 
-@task(name="stage", cache_policy=NO_CACHE, persist_result=False)
-def stage_task(node: Node, ref: RunRef) -> NodeOutcome:
+def run_stage(node: Node, ref: RunRef) -> NodeOutcome:
     """One stage: its input model from the store by key, its result to the store."""
+    _worker_logs()
     outcome = execute_node(node, open_session(ref).data, use_cache=ref.use_cache)
     _log_outcome(outcome)
     return outcome
+
+
+def _worker_logs() -> None:
+    """In a process that did not start the flow (a Dask worker), our log lines go to the
+    Prefect task run's logs only, as the flow process sends them, and not to the worker's
+    console."""
+    from prefect.logging.handlers import APILogHandler
+
+    logger = logging.getLogger("orchestrator")
+    if not any(isinstance(h, APILogHandler) for h in logger.handlers) and logger.propagate:
+        logger.addHandler(APILogHandler(level=logging.INFO))
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
+# A task of its own name, not a decorated function: a Dask worker unpickles the task by
+# importing `run_stage` from this module, rather than by pickling the function and its
+# module's state (contextvars cannot be pickled).
+stage_task = task(name="stage", cache_policy=NO_CACHE, persist_result=False)(run_stage)
 
 
 # The console shows these through the progress display already: Prefect's logs only.
@@ -158,7 +184,7 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
         tracker.close()  # before `start`: it ends without creating any MLflow run
         api_logs.close()
         raise
-    plan, hooks = session.plan, [*_observers.get(), tracker]
+    plan, hooks = session.plan, [*current_observers(), tracker]
 
     parallel = _runs_in_parallel()
 
