@@ -36,6 +36,7 @@ CASES: dict[str, tuple[list[str], str]] = {
     "make_mobilenet.py": (["{tmp}"], "model.keras"),
     "litert_side_by_side.py": (["--work", "{tmp}"], "litert_int8"),
     "benchmark_overhead.py": ([], "overhead: stage / bare at most"),
+    "executors.py": ([], "per-task overhead"),
 }
 # scripts another benchmark runs (with --quick when it runs quick): not run alone
 HELPERS = {"onet_data.py": "onet.py builds its model and crops with it"}
@@ -43,7 +44,7 @@ HELPERS = {"onet_data.py": "onet.py builds its model and crops with it"}
 JOBS = 2
 ORDER = ["onet.py", "mini_xception.py", "equalize.py", "cached_rerun.py",
          "litert_side_by_side.py", "log_ranges.py", "benchmark_overhead.py", "int8_size.py",
-         "make_mobilenet.py"]
+         "make_mobilenet.py", "executors.py"]
 ORDER += sorted(set(CASES) - set(ORDER))
 
 
