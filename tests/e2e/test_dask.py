@@ -106,3 +106,45 @@ def test_unreachable_scheduler_message(digits_example: Path, tmp_path: Path,
     assert "tcp://127.0.0.1:1" in err and "no Dask scheduler" in err
     assert "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+SKIPPING = """version: 1
+name: skipping
+model: {path: ../examples/digits/saved_model}
+data: {evaluation: {source: ../examples/digits/data.npz, inputs: x_test, labels: y_test}}
+execution: {executor: dask, workers: 2, threads_per_worker: 1}
+pipelines:
+  base:
+    stages: [freeze, {transform: {transforms: no_such_transform, ignore_errors: true}}]
+  stripped: {from: base, stages: [strip, evaluate]}
+  folded: {from: base, stages: [strip, fold, evaluate]}
+"""
+
+
+def test_skipped_stage_model_reaches_other_workers(digits_example: Path, prefect_server: None,
+                                                   tmp_path: Path) -> None:
+    """ignore_errors passes its input on outside the cache: on Dask through the run's
+    scratch store, so the children on the other worker read it; none of it is cached, and
+    the scratch store is gone after the run."""
+    recipe = tmp_path / "recipes" / "skipping.yaml"
+    recipe.parent.mkdir()
+    recipe.write_text(SKIPPING)
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    store = tmp_path / ".orchestrator"
+    env = {"ORCHESTRATOR_HOME": str(store),
+           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    with in_project(tmp_path, env):
+        codes = [main(["run", str(recipe), "-o", str(tmp_path / name), "--executor", name])
+                 for name in ("dask", "local")]
+    assert codes == [0, 0]
+    reports = {name: json.loads((tmp_path / name / "report.json").read_text())
+               for name in ("dask", "local")}
+    for name in ("base", "stripped", "folded"):
+        assert (tmp_path / "dask" / name / "model.pb").read_bytes() == (
+            tmp_path / "local" / name / "model.pb").read_bytes(), name
+    # the local run computed everything again: nothing after the skipped stage was cached
+    assert [s["cached"] for s in reports["local"]["variants"]["folded"]["stages"]] == [
+        False, False, False]
+    assert comparable_report(reports["dask"], tmp_path / "dask") == comparable_report(
+        reports["local"], tmp_path / "local")
+    assert not any((store / "scratch").iterdir())

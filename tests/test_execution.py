@@ -1,0 +1,71 @@
+"""The executor a run uses: the recipe's `execution:` block, the command line on top, and a
+scheduler address checked before anything runs."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from orchestrator import execution
+from orchestrator.errors import RecipeError
+from orchestrator.recipe import load_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def recipe_with(tmp_path: Path, block: str | None) -> Path:
+    text = (ROOT / "recipes" / "digits_rounded.yaml").read_text().replace(
+        "../examples/", f"{ROOT / 'examples'}/")
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text + (f"execution: {block}\n" if block else ""))
+    return path
+
+
+def test_local_by_default(tmp_path: Path) -> None:
+    loaded = load_recipe(recipe_with(tmp_path, None))
+    assert execution.resolve(loaded) == execution.Execution()
+    assert execution.task_runner(execution.resolve(loaded)) is None
+
+
+def test_recipe_block_and_command_line_on_top(tmp_path: Path) -> None:
+    loaded = load_recipe(recipe_with(tmp_path, "{executor: dask, workers: 3}"))
+    chosen = execution.resolve(loaded)
+    assert (chosen.executor, chosen.workers, chosen.threads_per_worker) == ("dask", 3, 1)
+    assert execution.resolve(loaded, "local") == execution.Execution()  # the CLI wins
+    by_address = execution.resolve(loaded, None, "tcp://127.0.0.1:8786")
+    assert (by_address.executor, by_address.address, by_address.workers) == (
+        "dask", "tcp://127.0.0.1:8786", None)
+    runner = execution.task_runner(chosen)
+    assert type(runner).__name__ == "DaskTaskRunner"
+    assert runner.cluster_kwargs["n_workers"] == 3
+
+
+def test_address_or_workers_not_both(tmp_path: Path) -> None:
+    with pytest.raises(RecipeError, match="not both"):
+        load_recipe(recipe_with(tmp_path, "{executor: dask, workers: 2, address: "
+                                          "'tcp://127.0.0.1:8786'}"))
+    with pytest.raises(RecipeError, match="executor"):
+        load_recipe(recipe_with(tmp_path, "{executor: ray}"))
+
+
+def test_address_from_the_recipe_is_named_with_its_file(tmp_path: Path) -> None:
+    loaded = load_recipe(recipe_with(tmp_path, "{executor: dask, address: "
+                                               "'tcp://127.0.0.1:1'}"))
+    with pytest.raises(execution.ExecutionError) as caught:
+        execution.check_address(execution.resolve(loaded))
+    assert "recipe.yaml: execution.address tcp://127.0.0.1:1: no Dask scheduler" in str(
+        caught.value)
+    assert caught.value.exit_code == 2
+
+
+def test_address_checked_for_real(tmp_path: Path) -> None:
+    with socket.socket() as listening:  # something answers here
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        execution.check_address(execution.resolve(None, "dask", f"tcp://127.0.0.1:{port}"))
+    for bad in ("tcp://127.0.0.1", "http://127.0.0.1:8786", "tcp://:99"):
+        with pytest.raises(execution.ExecutionError, match="expected a Dask scheduler"):
+            execution.check_address(execution.resolve(None, "dask", bad))
