@@ -109,6 +109,8 @@ def task_runner(execution: Execution) -> Any | None:
         "threads_per_worker": execution.threads_per_worker, "processes": True,
         "dashboard_address": None,  # no fixed port to clash with another run's cluster
         "silence_logs": logging.WARNING,
+        # each worker imports TensorFlow as it starts, before its first stage needs it
+        "preload": ["orchestrator.dask_worker"],
         "env": worker_env()}
     if execution.workers is not None:
         kwargs["n_workers"] = execution.workers

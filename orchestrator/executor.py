@@ -45,18 +45,44 @@ class NodeOutcome:
     finished: float = 0.0
 
 
+class UnstoredModels:
+    """Models kept out of the cache, by model key: a stage skipped by ignore_errors passes
+    its input on, and what follows it is computed again next run. Held in this process's
+    memory and, when the run's stages run in several processes (Dask), also in the run's
+    own scratch store, which a worker elsewhere reads and the run removes at its end."""
+
+    def __init__(self, scratch: Store | None = None) -> None:
+        self.scratch = scratch
+        self._models: dict[str, ModelArtifact] = {}
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._models or (self.scratch is not None and isinstance(key, str)
+                                       and self.scratch.has_model(key))
+
+    def __getitem__(self, key: str) -> ModelArtifact:
+        if key not in self._models and self.scratch is not None and self.scratch.has_model(
+                key):
+            self._models[key] = self.scratch.get_model(key)
+        return self._models[key]
+
+    def __setitem__(self, key: str, artifact: ModelArtifact) -> None:
+        self._models[key] = artifact
+        if self.scratch is not None:
+            self.scratch.put(key, StoredResult(facts=model_facts(artifact)), artifact, {})
+
+
 class RunData:
     """The recipe's data, loaded lazily and at most once per run."""
 
     def __init__(self, plan: Plan, store: Store, load_source: Callable[[], ModelArtifact],
-                 devices: dict[str, Any]) -> None:
+                 devices: dict[str, Any], scratch: Store | None = None) -> None:
         self.plan = plan
         self.store = store
         self.devices = devices
         self._load_source = load_source
         self.recipe = plan.recipe.recipe
-        # model key -> artifact kept in memory only (ignore_errors pass-throughs)
-        self.unstored_models: dict[str, ModelArtifact] = {}
+        # model key -> artifact kept out of the cache (ignore_errors pass-throughs)
+        self.unstored_models = UnstoredModels(scratch)
         self._prepared = False
 
     def prepare_stages(self, use_cache: bool) -> None:

@@ -32,6 +32,9 @@ class RunRef:
     variants: tuple[str, ...] | None
     store: str  # the store's folder, absolute
     use_cache: bool = True
+    # a folder of this run's own for models kept out of the cache, where the run's stages
+    # run in several processes (Dask); None: they stay in the one process's memory
+    scratch: str | None = None
 
 
 @dataclass
@@ -63,14 +66,15 @@ def open_session(ref: RunRef, loaded: LoadedRecipe | None = None) -> Session:
                               field="pipelines")
     devices = loaded.devices()
     store = Store(Path(ref.store))
+    scratch = None if ref.scratch is None else Store(Path(ref.scratch))
     plan = build_plan(loaded, list(ref.variants or ()) or None, data_fingerprints(loaded))
     key = plan.source_key
     cached = ref.use_cache and store.has_model(key)
     if cached:  # this exact model file was loaded before
-        data = RunData(plan, store, lambda: store.get_model(key), devices)
+        data = RunData(plan, store, lambda: store.get_model(key), devices, scratch)
     else:
         source = load_source(loaded)
-        data = RunData(plan, store, lambda: source, devices)
+        data = RunData(plan, store, lambda: source, devices, scratch)
     preflight_data(loaded, data)
     if any(t.budgets.outputs for t in recipe.targets):  # their names need the model's outputs
         model = (store.get_signature(key) if cached else

@@ -171,6 +171,7 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
     # first: the tracking worker imports MLflow on the other core while the model loads
     tracker = TrackingClient(root=root)
     api_logs = _ApiLogs()
+    parallel = _runs_in_parallel()
     try:
         if loaded.recipe.retrain is not None:
             model_path = retrain_task(str(loaded.path), overrides, str(store_root))
@@ -178,15 +179,14 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
             loaded = load_recipe(loaded.path, overrides)
         ref = RunRef(recipe=str(loaded.path), overrides=tuple(overrides),
                      variants=tuple(variants) if variants else None, store=str(store_root),
-                     use_cache=not no_cache)
+                     use_cache=not no_cache, scratch=_scratch_folder(store_root, parallel))
         session = open_session(ref, loaded)  # exit 2 here: nothing run, nothing written
     except BaseException:
         tracker.close()  # before `start`: it ends without creating any MLflow run
         api_logs.close()
+        _remove_scratch(locals().get("ref"))
         raise
     plan, hooks = session.plan, [*current_observers(), tracker]
-
-    parallel = _runs_in_parallel()
 
     def run_node(node: Node) -> NodeOutcome:
         _notify(hooks, "on_node_start", node)
@@ -259,10 +259,27 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
     finally:
         close_session(ref)
         api_logs.close()
+        _remove_scratch(ref)
     _link_mlflow_run(report, root)
     return {**report, "out_dir": str(out_dir), "registry": registry, "locations": {
         "store": str(store_root), "tracking": project.tracking_uri(root),
         "project_root": str(root)}}
+
+
+def _scratch_folder(store_root: Path, parallel: bool) -> str | None:
+    """A parallel run's own folder for models kept out of the cache (see UnstoredModels)."""
+    if not parallel:
+        return None
+    import uuid
+
+    return str(Path(store_root) / "scratch" / uuid.uuid4().hex)
+
+
+def _remove_scratch(ref: RunRef | None) -> None:
+    if ref is not None and ref.scratch is not None:
+        import shutil
+
+        shutil.rmtree(ref.scratch, ignore_errors=True)
 
 
 def _runs_in_parallel() -> bool:
