@@ -1,5 +1,6 @@
 """Wall time of recipes on `--executor local` against `--executor dask` (a LocalCluster of 2
-worker processes, 1 thread each), side by side, and the scheduler's overhead per task.
+worker processes, 1 thread each; and as 2 threads of the run's own process), side by side,
+and the scheduler's overhead per task.
 
 Each run is a fresh `orchestrator run` process with a fresh store (every stage computed) in
 a temp project; the runs share one Prefect server (a throwaway warm-up run starts it).
@@ -37,7 +38,9 @@ from orchestrator.keys import encode_key, generate_key  # noqa: E402
 
 KEY_ENV = "ORCHESTRATOR_MODEL_KEY"  # the digits recipe's encrypt stage reads its key here
 EXECUTION = "\nexecution: {executor: local, workers: 2, threads_per_worker: 1}\n"
-EXECUTORS = ("local", "dask")
+# label -> orchestrator run arguments
+EXECUTORS = {"local": ["--executor", "local"], "dask": ["--executor", "dask"],
+             "dask-threads": ["--executor", "dask", "--set", "execution.processes=false"]}
 
 
 def trivial_recipe(stages: int) -> str:
@@ -65,16 +68,16 @@ def project(work: Path, quick: bool, trivial: int) -> dict[str, Path]:
 
 def run(recipe: Path, work: Path, executor: str, env: dict[str, str],
         extra: list[str]) -> tuple[float, dict]:
-    """One fresh run: its wall time and report."""
+    """One fresh run on `executor` (a key of EXECUTORS): its wall time and report."""
     label = f"{recipe.stem}-{executor}"
     run_env = {**env, "ORCHESTRATOR_HOME": str(work / label / "store"),
                "MLFLOW_TRACKING_URI": f"sqlite:///{work / label / 'mlflow.db'}"}
     (work / label).mkdir()
     started = time.perf_counter()
     proc = subprocess.run([str(Path(sys.executable).parent / "orchestrator"), "run",
-                           str(recipe), "-o", str(work / label / "out"), "--executor",
-                           executor, *extra], env=run_env, cwd=work, capture_output=True,
-                          text=True, check=False)
+                           str(recipe), "-o", str(work / label / "out"),
+                           *EXECUTORS[executor], *extra], env=run_env, cwd=work,
+                          capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - started
     if proc.returncode not in (0, 1):
         sys.exit(f"{label} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -134,22 +137,25 @@ def main(argv: list[str] | None = None) -> int:
                               for s in v["stages"])
                 rows.append((name, executor, len(report["variants"]), seconds, stage_s,
                              overlap(report), None))
-            rows.append((name, "dask/local", None, times["dask"] / times["local"], None,
-                         None, None))
+            for executor in EXECUTORS:
+                if executor != "local":
+                    rows.append((name, f"{executor}/local", None,
+                                 times[executor] / times["local"], None, None, None))
         for executor in EXECUTORS:
             seconds, report = run(recipes["trivial"], work, executor, env, [])
             rows.append((f"trivial x{trivial}", executor, 1, seconds, None, None,
                          task_gap_ms(report)))
-    print(f"{'recipe':<18} {'executor':<10} {'variants':>8} {'wall s':>8} "
+    print(f"{'recipe':<18} {'executor':<18} {'variants':>8} {'wall s':>8} "
           f"{'stage s':>8} {'overlap':>8} {'per-task overhead ms':>21}")
     for name, executor, variants, wall, stage_s, shared, gap in rows:
         def cell(value: float | None, fmt: str) -> str:
             return "" if value is None else format(value, fmt)
-        wall_fmt = ".2f" if executor == "dask/local" else ".1f"
-        print(f"{name:<18} {executor:<10} {cell(variants, 'd'):>8} {cell(wall, wall_fmt):>8} "
+        wall_fmt = ".2f" if executor.endswith("/local") else ".1f"
+        print(f"{name:<18} {executor:<18} {cell(variants, 'd'):>8} {cell(wall, wall_fmt):>8} "
               f"{cell(stage_s, '.1f'):>8} {cell(shared, '.0%'):>8} {cell(gap, '.0f'):>21}")
     print("dask/local: the dask run's wall time over the local run's (goal for the 8 "
-          "variants: <= 0.7); per-task overhead: mean gap between chained stages")
+          "variants: <= 0.7); dask-threads: the 2 workers as threads of the run's process "
+          "(execution.processes: false); per-task overhead: mean gap between chained stages")
     return 0
 
 

@@ -40,6 +40,7 @@ class Execution:
     executor: str = LOCAL
     workers: int | None = None
     threads_per_worker: int = 1
+    processes: bool = True
     address: str | None = None
     address_from: str = "--dask-address"  # or "<recipe>: execution.address"
 
@@ -64,7 +65,8 @@ def resolve(loaded: LoadedRecipe | None, executor: str | None = None,
         where = f"{loaded.path}: execution.address" if loaded is not None else where
     return Execution(executor=DASK, address=address, address_from=where,
                      workers=None if address or block is None else block.workers,
-                     threads_per_worker=block.threads_per_worker if block else 1)
+                     threads_per_worker=block.threads_per_worker if block else 1,
+                     processes=block.processes if block else True)
 
 
 def check_address(execution: Execution) -> None:
@@ -106,12 +108,14 @@ def task_runner(execution: Execution) -> Any | None:
     if execution.address is not None:
         return DaskTaskRunner(address=execution.address)
     kwargs: dict[str, Any] = {
-        "threads_per_worker": execution.threads_per_worker, "processes": True,
+        "threads_per_worker": execution.threads_per_worker,
+        "processes": execution.processes,
         "dashboard_address": None,  # no fixed port to clash with another run's cluster
         "silence_logs": logging.WARNING,
+        }
+    if execution.processes:
         # each worker imports TensorFlow as it starts, before its first stage needs it
-        "preload": ["orchestrator.dask_worker"],
-        "env": worker_env()}
+        kwargs.update(preload=["orchestrator.dask_worker"], env=worker_env())
     if execution.workers is not None:
         kwargs["n_workers"] = execution.workers
     return DaskTaskRunner(cluster_class="distributed.LocalCluster", cluster_kwargs=kwargs)

@@ -167,6 +167,10 @@ class Execution(Strict):
         "starts (default: Dask's own choice for this machine).")
     threads_per_worker: PositiveInt = Field(
         1, description="dask without `address`: threads per worker process.")
+    processes: bool = Field(
+        True, description="dask without `address`: workers as processes of their own "
+        "(each imports TensorFlow and opens the run's session once), or false: as threads "
+        "of the run's own process (no start-up cost; stages share one Python process).")
     address: str | None = Field(
         None, min_length=1, description="dask: an existing scheduler's address, e.g. "
         "tcp://10.0.0.5:8786, instead of a LocalCluster. Its workers must see the same "
@@ -174,9 +178,9 @@ class Execution(Strict):
 
     @model_validator(mode="after")
     def _cluster_or_address(self) -> Execution:
-        if self.address is not None and self.workers is not None:
-            raise ValueError("give either `address` (an existing scheduler) or `workers` (a "
-                             "LocalCluster to start), not both")
+        if self.address is not None and (self.workers is not None or not self.processes):
+            raise ValueError("give either `address` (an existing scheduler) or `workers` / "
+                             "`processes` (a LocalCluster to start), not both")
         return self
 
 

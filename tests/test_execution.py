@@ -40,11 +40,19 @@ def test_recipe_block_and_command_line_on_top(tmp_path: Path) -> None:
     runner = execution.task_runner(chosen)
     assert type(runner).__name__ == "DaskTaskRunner"
     assert runner.cluster_kwargs["n_workers"] == 3
+    assert runner.cluster_kwargs["processes"] is True
+    assert runner.cluster_kwargs["preload"] == ["orchestrator.dask_worker"]
+    threads = load_recipe(recipe_with(tmp_path, "{executor: dask, processes: false}"))
+    kwargs = execution.task_runner(execution.resolve(threads)).cluster_kwargs
+    assert kwargs["processes"] is False and "preload" not in kwargs
 
 
 def test_address_or_workers_not_both(tmp_path: Path) -> None:
     with pytest.raises(RecipeError, match="not both"):
         load_recipe(recipe_with(tmp_path, "{executor: dask, workers: 2, address: "
+                                          "'tcp://127.0.0.1:8786'}"))
+    with pytest.raises(RecipeError, match="not both"):
+        load_recipe(recipe_with(tmp_path, "{executor: dask, processes: false, address: "
                                           "'tcp://127.0.0.1:8786'}"))
     with pytest.raises(RecipeError, match="executor"):
         load_recipe(recipe_with(tmp_path, "{executor: ray}"))

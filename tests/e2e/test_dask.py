@@ -133,18 +133,23 @@ def test_skipped_stage_model_reaches_other_workers(digits_example: Path, prefect
     store = tmp_path / ".orchestrator"
     env = {"ORCHESTRATOR_HOME": str(store),
            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    runs = {"dask": ["--executor", "dask"], "local": ["--executor", "local"],
+            # the LocalCluster's workers as threads of this process
+            "threads": ["--executor", "dask", "--set", "execution.processes=false"]}
     with in_project(tmp_path, env):
-        codes = [main(["run", str(recipe), "-o", str(tmp_path / name), "--executor", name])
-                 for name in ("dask", "local")]
-    assert codes == [0, 0]
+        codes = [main(["run", str(recipe), "-o", str(tmp_path / name), *args])
+                 for name, args in runs.items()]
+    assert codes == [0, 0, 0]
     reports = {name: json.loads((tmp_path / name / "report.json").read_text())
-               for name in ("dask", "local")}
+               for name in runs}
     for name in ("base", "stripped", "folded"):
-        assert (tmp_path / "dask" / name / "model.pb").read_bytes() == (
-            tmp_path / "local" / name / "model.pb").read_bytes(), name
+        for run in ("dask", "threads"):
+            assert (tmp_path / run / name / "model.pb").read_bytes() == (
+                tmp_path / "local" / name / "model.pb").read_bytes(), (run, name)
     # the local run computed everything again: nothing after the skipped stage was cached
     assert [s["cached"] for s in reports["local"]["variants"]["folded"]["stages"]] == [
         False, False, False]
-    assert comparable_report(reports["dask"], tmp_path / "dask") == comparable_report(
-        reports["local"], tmp_path / "local")
+    for run in ("dask", "threads"):
+        assert comparable_report(reports[run], tmp_path / run) == comparable_report(
+            reports["local"], tmp_path / "local")
     assert not any((store / "scratch").iterdir())
