@@ -153,3 +153,33 @@ def test_skipped_stage_model_reaches_other_workers(digits_example: Path, prefect
         assert comparable_report(reports[run], tmp_path / run) == comparable_report(
             reports["local"], tmp_path / "local")
     assert not any((store / "scratch").iterdir())
+
+
+FAILING = """version: 1
+name: failing
+model: {path: ../examples/digits/saved_model}
+execution: {executor: dask, workers: 2, threads_per_worker: 1}
+pipelines:
+  base: {stages: [freeze]}
+  good: {from: base, stages: [strip, fold, summarize]}
+  bad: {from: base, stages: [{transform: {transforms: no_such_transform}}, summarize]}
+"""
+
+
+def test_failing_stage_on_a_worker_exits_3_naming_it(
+        digits_example: Path, prefect_server: None, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    recipe = tmp_path / "recipes" / "failing.yaml"
+    recipe.parent.mkdir()
+    recipe.write_text(FAILING)
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    env = {"ORCHESTRATOR_HOME": str(tmp_path / ".orchestrator"),
+           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    with in_project(tmp_path, env):
+        code = main(["run", str(recipe), "-o", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 3
+    assert "stage bad/transform failed" in err and "no_such_transform" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "out").exists()  # outputs discarded
+    assert not list((tmp_path / ".orchestrator" / "cache").rglob("*.tmp"))
