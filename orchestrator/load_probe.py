@@ -33,9 +33,10 @@ from pathlib import Path
 from typing import Any
 
 MB = 1024 * 1024
-# the longest one measurement may take (a large model on a busy machine), the zygote's
-# TensorFlow import included
-TIMEOUT_S = 600.0
+# how long the zygote's TensorFlow import, then one measurement (a large model on a busy
+# machine), may take; past that the zygote and its child are killed and the stage warns
+READY_TIMEOUT_S = 300.0
+MEASURE_TIMEOUT_S = 180.0
 
 
 class ProbeError(RuntimeError):
@@ -216,29 +217,29 @@ class _Zygote:
         with self._lock:
             self._start()
             assert self._process is not None and self._process.stdin is not None
-            deadline = time.monotonic() + TIMEOUT_S
-            if not self._ready:
-                self._read_line(deadline)  # {"ready": true}: TensorFlow is imported
+            if not self._ready:  # {"ready": true}: TensorFlow is imported
+                self._read_line(READY_TIMEOUT_S)
                 self._ready = True
             try:
                 self._process.stdin.write((json.dumps(spec) + "\n").encode())
                 self._process.stdin.flush()
             except OSError as exc:
                 raise self._failed(f"could not reach it ({exc})") from exc
-            answer = self._read_line(deadline)
+            answer = self._read_line(MEASURE_TIMEOUT_S)
         if "error" in answer:
             raise ProbeError(f"the load probe failed: {answer['error']}")
         return answer
 
-    def _read_line(self, deadline: float) -> dict[str, Any]:
+    def _read_line(self, timeout_s: float) -> dict[str, Any]:
         assert self._process is not None and self._process.stdout is not None
         stream = self._process.stdout
+        deadline = time.monotonic() + timeout_s
         with selectors.DefaultSelector() as selector:
             selector.register(stream, selectors.EVENT_READ)
             while b"\n" not in self._pending:
                 left = deadline - time.monotonic()
                 if left <= 0 or not selector.select(left):
-                    raise self._failed(f"no answer in {TIMEOUT_S:.0f} s")
+                    raise self._failed(f"no answer in {timeout_s:.0f} s")
                 chunk = os.read(stream.fileno(), 65536)
                 if not chunk:
                     raise self._failed("it ended")
