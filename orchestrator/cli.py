@@ -136,7 +136,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         tracking_client.prestart(project.tracking_uri(root))
         server = prefect_server.start_if_needed(store_root)
         # TensorFlow's import (when stages are to run) while the server boots
-        warm_up.start(loaded, store_root, args.variant or None, not args.no_cache)
+        warm_up.run(loaded, store_root, args.variant or None, not args.no_cache)
         from pipelines import recipe_flow
 
         if server is not None:
