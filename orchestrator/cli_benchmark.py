@@ -24,8 +24,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import ModelSourceError, OrchestratorError, StageError
-from orchestrator.input_shapes import UsageError, resolve_shapes, shape_text, with_input_shapes
+from orchestrator.errors import ModelSourceError, OrchestratorError, StageError, UsageError
+from orchestrator.input_shapes import resolve_shapes, shape_text, with_input_shapes
 from orchestrator.model_files import OpenedModel, open_model
 
 if TYPE_CHECKING:

@@ -10,15 +10,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import ModelSourceError, OrchestratorError
+from orchestrator.errors import ModelSourceError, UsageError
 from orchestrator.model_files import OpenedModel, tflite_text
 
 if TYPE_CHECKING:
     from orchestrator.model import ModelArtifact, TensorSpec
-
-
-class UsageError(OrchestratorError):
-    """A bad option value (exit 2)."""
 
 
 def shape_text(shape: Sequence[int | None] | None) -> str:

@@ -61,18 +61,15 @@ def _memory() -> dict[str, int]:
 
 
 def _random_feeds(inputs: list[dict[str, Any]]) -> list[Any]:
+    """Random data of each input's dtype and shape (the benchmark's own; batch 1)."""
     import numpy as np
 
-    rng = np.random.default_rng(0)
-    feeds = []
-    for item in inputs:
-        shape = [1 if d in (None, -1) else d for d in (item["shape"] or [])]
-        dtype = np.dtype(item["dtype"])
-        if dtype.kind in "iu":
-            feeds.append(rng.integers(0, 2, size=shape).astype(dtype))
-        else:
-            feeds.append(rng.random(shape).astype(dtype))
-    return feeds
+    from orchestrator.runtime import random_input
+
+    return [random_input(None if item["shape"] is None else
+                         [None if d in (None, -1) else d for d in item["shape"]],
+                         np.dtype(item["dtype"]), 1, seed=index)
+            for index, item in enumerate(inputs)]
 
 
 def _run_graph(data: bytes, spec: dict[str, Any]) -> list[Any]:
