@@ -337,8 +337,5 @@ def write_runnable_memmapped(package_bytes: bytes, folder: Path) -> Path:
     return path
 
 
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--serve"]:
-        serve()
-    else:  # one measurement in this process: python -m orchestrator.load_probe SPEC
-        print(json.dumps(probe(json.loads(sys.argv[1]))))
+if __name__ == "__main__":  # the zygote: python -m orchestrator.load_probe --serve
+    serve()
