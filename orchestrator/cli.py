@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
+from orchestrator.cli_common import print_error
 from orchestrator.errors import OrchestratorError
 
 # Ctrl-C seen while a command runs (see _interrupts_noted)
@@ -29,10 +30,7 @@ def _error(exc: OrchestratorError) -> int:
     if _interrupts_seen:  # Ctrl-C inside a library (a model loading) became its error
         print("interrupted", file=sys.stderr)
         return 130
-    # a hostile recipe may hold text the terminal cannot encode (lone surrogates, NUL)
-    text = str(exc).encode("utf-8", "backslashreplace").decode("utf-8").replace("\0", "\\0")
-    print(f"error: {text}", file=sys.stderr)
-    return exc.exit_code
+    return print_error(exc)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -120,7 +118,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from orchestrator import prefect_server, project, tracking_client
+    from orchestrator import prefect_server, project, tracking_client, warm_up
     from orchestrator.progress import ConsoleProgress
     from orchestrator.recipe import load_recipe
 
@@ -137,6 +135,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         # unless an earlier run's is up) run beside Prefect's import and the flow's start
         tracking_client.prestart(project.tracking_uri(root))
         server = prefect_server.start_if_needed(store_root)
+        # TensorFlow's import (when stages are to run) while the server boots
+        warm_up.run(loaded, store_root, args.variant or None, not args.no_cache)
         from pipelines import recipe_flow
 
         if server is not None:
@@ -279,12 +279,14 @@ def build_parser() -> argparse.ArgumentParser:
     from orchestrator.cli_kinds import add_parsers
 
     add_parsers(sub)  # keygen, decrypt
-    from orchestrator import cli_init, cli_ops, cli_registry, ui
+    from orchestrator import cli_benchmark, cli_history, cli_init, cli_ops, cli_registry, ui
 
     cli_ops.add_parsers(sub)  # gate, deploy, serve
     cli_registry.add_parsers(sub)  # promote
     ui.add_parsers(sub)  # ui: the dashboards
     cli_init.add_parsers(sub)  # init: a first recipe from a model
+    cli_benchmark.add_parsers(sub)  # benchmark: any model file, outside a recipe
+    cli_history.add_parsers(sub)  # history: the selected variant across a recipe's runs
     return parser
 
 

@@ -1,6 +1,7 @@
 """The small error hierarchy. Each error carries the context a user needs to act on it.
 
-Exit codes (SPEC): RecipeError/ModelSourceError/DataError/OutputError -> 2, StageError -> 3.
+Exit codes (SPEC): RecipeError/ModelSourceError/DataError/OutputError/UsageError -> 2,
+StageError -> 3.
 Programming errors are not wrapped: they propagate as tracebacks, on purpose.
 """
 
@@ -54,6 +55,10 @@ class DataError(OrchestratorError):
 class OutputError(OrchestratorError):
     """A folder the run writes to (`-o DIR`, the store, MLflow's) cannot be written: read-only,
     full, not a folder. Checked before the run where it can be; `file` names the folder."""
+
+
+class UsageError(OrchestratorError):
+    """A bad command-line option value (exit 2), e.g. `benchmark --threads 0`."""
 
 
 class StageError(OrchestratorError):

@@ -33,9 +33,10 @@ from pathlib import Path
 from typing import Any
 
 MB = 1024 * 1024
-# the longest one measurement may take (a large model on a busy machine), the zygote's
-# TensorFlow import included
-TIMEOUT_S = 600.0
+# how long the zygote's TensorFlow import, then one measurement (a large model on a busy
+# machine), may take; past that the zygote and its child are killed and the stage warns
+READY_TIMEOUT_S = 300.0
+MEASURE_TIMEOUT_S = 180.0
 
 
 class ProbeError(RuntimeError):
@@ -60,18 +61,15 @@ def _memory() -> dict[str, int]:
 
 
 def _random_feeds(inputs: list[dict[str, Any]]) -> list[Any]:
+    """Random data of each input's dtype and shape (the benchmark's own; batch 1)."""
     import numpy as np
 
-    rng = np.random.default_rng(0)
-    feeds = []
-    for item in inputs:
-        shape = [1 if d in (None, -1) else d for d in (item["shape"] or [])]
-        dtype = np.dtype(item["dtype"])
-        if dtype.kind in "iu":
-            feeds.append(rng.integers(0, 2, size=shape).astype(dtype))
-        else:
-            feeds.append(rng.random(shape).astype(dtype))
-    return feeds
+    from orchestrator.runtime import random_input
+
+    return [random_input(None if item["shape"] is None else
+                         [None if d in (None, -1) else d for d in item["shape"]],
+                         np.dtype(item["dtype"]), 1, seed=index)
+            for index, item in enumerate(inputs)]
 
 
 def _run_graph(data: bytes, spec: dict[str, Any]) -> list[Any]:
@@ -216,29 +214,29 @@ class _Zygote:
         with self._lock:
             self._start()
             assert self._process is not None and self._process.stdin is not None
-            deadline = time.monotonic() + TIMEOUT_S
-            if not self._ready:
-                self._read_line(deadline)  # {"ready": true}: TensorFlow is imported
+            if not self._ready:  # {"ready": true}: TensorFlow is imported
+                self._read_line(READY_TIMEOUT_S)
                 self._ready = True
             try:
                 self._process.stdin.write((json.dumps(spec) + "\n").encode())
                 self._process.stdin.flush()
             except OSError as exc:
                 raise self._failed(f"could not reach it ({exc})") from exc
-            answer = self._read_line(deadline)
+            answer = self._read_line(MEASURE_TIMEOUT_S)
         if "error" in answer:
             raise ProbeError(f"the load probe failed: {answer['error']}")
         return answer
 
-    def _read_line(self, deadline: float) -> dict[str, Any]:
+    def _read_line(self, timeout_s: float) -> dict[str, Any]:
         assert self._process is not None and self._process.stdout is not None
         stream = self._process.stdout
+        deadline = time.monotonic() + timeout_s
         with selectors.DefaultSelector() as selector:
             selector.register(stream, selectors.EVENT_READ)
             while b"\n" not in self._pending:
                 left = deadline - time.monotonic()
                 if left <= 0 or not selector.select(left):
-                    raise self._failed(f"no answer in {TIMEOUT_S:.0f} s")
+                    raise self._failed(f"no answer in {timeout_s:.0f} s")
                 chunk = os.read(stream.fileno(), 65536)
                 if not chunk:
                     raise self._failed("it ended")
@@ -339,8 +337,5 @@ def write_runnable_memmapped(package_bytes: bytes, folder: Path) -> Path:
     return path
 
 
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--serve"]:
-        serve()
-    else:  # one measurement in this process: python -m orchestrator.load_probe SPEC
-        print(json.dumps(probe(json.loads(sys.argv[1]))))
+if __name__ == "__main__":  # the zygote: python -m orchestrator.load_probe --serve
+    serve()

@@ -154,3 +154,17 @@ def predict_all(artifact: ModelArtifact, inputs: np.ndarray, batch_size: int = 6
     """Convenience: every output of the artifact on `inputs`, in its output order."""
     with GraphRunner.for_artifact(artifact) as runner:
         return runner.predict_all(inputs, batch_size)
+
+
+def random_input(shape: list[int | None] | None, dtype: np.dtype, batch: int, seed: int
+                 ) -> np.ndarray:
+    """Random data of the input's dtype and shape: batch first, unknown dimensions 1."""
+    dims = () if shape is None else tuple(
+        (batch if i == 0 else 1) if d is None else d for i, d in enumerate(shape))
+    rng = np.random.default_rng(seed)
+    if dtype == np.bool_:
+        return rng.random(dims) < 0.5
+    if np.issubdtype(dtype, np.integer):
+        return rng.integers(0, 10, dims).astype(dtype)
+    return rng.random(dims).astype(dtype)
+

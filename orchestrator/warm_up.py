@@ -1,21 +1,23 @@
-"""Start a run's slow imports while the Prefect server boots.
+"""Do a run's slow imports while the Prefect server boots.
 
-A first run waits seconds for the local Prefect server, and then seconds more for
-TensorFlow's import when it loads the model. During that wait a background thread imports
-matplotlib (every run draws the report's pictures) and, when the run has stages to
-compute, TensorFlow, and calls the `prepare` hooks of the stages still to run (the load
-probe's process starts importing TensorFlow on the other core). A run with everything
-cached imports no TensorFlow: it needs none.
+A first run waits seconds for the local Prefect server to boot in its own process, and
+used to import TensorFlow only after that, to load the model. `run` does it first, in the
+main thread, while the server boots: when the run has stages to compute, it calls the
+`prepare` hooks of the stages still to run (the load probe's process starts importing
+TensorFlow on the other core) and imports TensorFlow; every run then imports matplotlib
+(it draws the report's pictures). A run with everything cached imports no TensorFlow: it
+needs none. The main thread, not a background one: a Ctrl-C during an import is then the
+ordinary KeyboardInterrupt (exit 130), never an interpreter torn down under a thread
+still loading TensorFlow's libraries.
 
-Nothing here may fail a run: a problem (an unreadable recipe file, a store being written)
-is left for the run itself to find and report.
+A problem with the recipe's files or the store is left for the run itself to find and
+report; an interrupt is the run's (exit 130).
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,30 +27,25 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def start(loaded: LoadedRecipe, store_root: Path, variants: list[str] | None,
-          use_cache: bool) -> threading.Thread:
-    """The warm-up thread, started (a daemon: it never holds the process up)."""
-    thread = threading.Thread(target=_warm_up, args=(loaded, store_root, variants, use_cache),
-                              name="orchestrator-warm-up", daemon=True)
-    thread.start()
-    return thread
+def run(loaded: LoadedRecipe, store_root: Path, variants: list[str] | None,
+        use_cache: bool) -> None:
+    """The warm-up; returns once its imports are done (they are needed next anyway)."""
+    from orchestrator.errors import OrchestratorError
+    from orchestrator.executor import prepare_stages
+    from orchestrator.plan import build_plan
+    from orchestrator.plots import pyplot
+    from orchestrator.session import data_fingerprints
+    from orchestrator.store import Store
 
-
-def _warm_up(loaded: LoadedRecipe, store_root: Path, variants: list[str] | None,
-             use_cache: bool) -> None:
     try:
-        from orchestrator.executor import prepare_stages
-        from orchestrator.plan import build_plan
-        from orchestrator.plots import pyplot
-        from orchestrator.session import data_fingerprints
-        from orchestrator.store import Store
-
         plan = build_plan(loaded, variants, data_fingerprints(loaded))
         store = Store(store_root) if use_cache else None
         to_compute = prepare_stages(plan, store)
-        if store is None or not store.has_model(plan.source_key) or to_compute:
-            importlib.import_module("orchestrator.tf_adapter")  # first: TF's env defaults
-            importlib.import_module("tensorflow")  # else the run needs no TensorFlow
-        pyplot()  # after TensorFlow: the model's load waits for that one first
-    except Exception as exc:  # noqa: BLE001 - the run reports its own problems
-        log.debug("warm-up stopped early: %s", exc)
+    except (OrchestratorError, OSError, ValueError) as exc:  # the run reports them
+        log.debug("warm-up without a plan: %s", exc)
+        to_compute = True
+        store = None
+    if store is None or not store.has_model(plan.source_key) or to_compute:
+        importlib.import_module("orchestrator.tf_adapter")  # first: TF's env defaults
+        importlib.import_module("tensorflow")  # else the run needs no TensorFlow
+    pyplot()

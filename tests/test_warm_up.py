@@ -27,7 +27,7 @@ load_probe.start = lambda: started.append("probe")  # count the hooks, start no 
 if sys.argv[2] == "cached":
     Store.has = Store.has_model = lambda self, key: True
 loaded = load_recipe(sys.argv[1])
-warm_up.start(loaded, Path(sys.argv[3]), None, True).join(300)
+warm_up.run(loaded, Path(sys.argv[3]), None, True)
 print(json.dumps({"tensorflow": "tensorflow" in sys.modules, "prepared": len(started)}))
 """
 

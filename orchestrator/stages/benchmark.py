@@ -42,6 +42,7 @@ from orchestrator.devices import estimate_latency_ms, precision_of
 from orchestrator.host import describe
 from orchestrator.kinds import runnable
 from orchestrator.model import ModelArtifact
+from orchestrator.runtime import random_input
 from orchestrator.stages import register
 from orchestrator.stages.base import ANY_KIND, Stage, StageContext, StageParams, StageResult
 
@@ -213,7 +214,7 @@ def latency_stats(first_ms: float, timed_ms: Sequence[float]) -> dict[str, float
 
 def _inputs(runner: Any, ctx: StageContext, batch: int) -> list[np.ndarray]:
     """One array per model input: the first from the recipe's data when it has some."""
-    feeds = [_random_input(shape, dtype, batch, seed=i) for i, (shape, dtype) in
+    feeds = [random_input(shape, dtype, batch, seed=i) for i, (shape, dtype) in
              enumerate(runner.input_specs())]
     data = None
     if ctx.evaluation is not None:
@@ -225,18 +226,6 @@ def _inputs(runner: Any, ctx: StageContext, batch: int) -> list[np.ndarray]:
         feeds[0] = np.concatenate([data] * reps)[:batch] if reps > 1 else data[:batch]
     return feeds
 
-
-def _random_input(shape: list[int | None] | None, dtype: np.dtype, batch: int, seed: int
-                  ) -> np.ndarray:
-    """Random data of the input's dtype and shape: batch first, unknown dimensions 1."""
-    dims = () if shape is None else tuple(
-        (batch if i == 0 else 1) if d is None else d for i, d in enumerate(shape))
-    rng = np.random.default_rng(seed)
-    if dtype == np.bool_:
-        return rng.random(dims) < 0.5
-    if np.issubdtype(dtype, np.integer):
-        return rng.integers(0, 10, dims).astype(dtype)
-    return rng.random(dims).astype(dtype)
 
 
 # --------------------------------------------------------------------------- FLOPs

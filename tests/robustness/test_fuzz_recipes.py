@@ -28,6 +28,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
+from project_env import in_project
 from robust_helpers import (
     DIGITS,
     FUZZ_FAILURES,
@@ -490,21 +491,10 @@ def test_cli_on_mutated_recipes(case: tuple[str, list[str]],
 def cli_workspace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """One store and MLflow database for the CLI sample (a successful example's entries
     are reused by the next)."""
-    import os
 
     folder = tmp_path_factory.mktemp("cli-workspace")
     (folder / "mlruns").mkdir()
-    saved = {k: os.environ.get(k) for k in ("ORCHESTRATOR_HOME", "MLFLOW_TRACKING_URI")}
-    previous_cwd = Path.cwd()
-    os.environ["ORCHESTRATOR_HOME"] = str(folder / ".orchestrator")
-    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{folder / 'mlruns' / 'mlflow.db'}"
-    os.chdir(folder)
-    try:
+    env = {"ORCHESTRATOR_HOME": str(folder / ".orchestrator"),
+           "MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'mlruns' / 'mlflow.db'}"}
+    with in_project(folder, env):
         yield folder
-    finally:
-        os.chdir(previous_cwd)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
