@@ -70,9 +70,12 @@ def writer_id() -> str:
 
 def _filesystem(url: str) -> tuple[Any, str]:
     """The fsspec file system for `url` and the path of the store's root inside it. s3:
-    the endpoint from AWS_ENDPOINT_URL, credentials from the standard AWS variables (never
-    from the URL), bounded timeouts and retries."""
-    import fsspec
+    the endpoint from AWS_ENDPOINT_URL, credentials from the standard AWS variables (or
+    key:secret@ in the URL, which s3fs itself would take for the bucket's name), bounded
+    timeouts and retries. Other protocols: as fsspec reads their URLs."""
+    from urllib.parse import unquote, urlsplit
+
+    import fsspec.core
 
     protocol = url.split("://", 1)[0].lower()
     options: dict[str, Any] = {}
@@ -83,10 +86,16 @@ def _filesystem(url: str) -> tuple[Any, str]:
         endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         if endpoint:
             options["client_kwargs"] = {"endpoint_url": endpoint}
-    fs = fsspec.filesystem(protocol, **options)
+        parts = urlsplit(url)
+        if "@" in parts.netloc:
+            credentials, host = parts.netloc.rsplit("@", 1)
+            key, _, secret = credentials.partition(":")
+            options.update(key=unquote(key), secret=unquote(secret) or None)
+            url = f"{parts.scheme}://{host}{parts.path}"
+    fs, path = fsspec.core.url_to_fs(url, **options)
     if hasattr(fs, "retries"):
         fs.retries = S3FS_RETRIES
-    return fs, fs._strip_protocol(url).rstrip("/")
+    return fs, path.rstrip("/")
 
 
 def _io_errors() -> tuple[type[BaseException], ...]:
@@ -105,8 +114,8 @@ def _io_errors() -> tuple[type[BaseException], ...]:
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.errno is not None:
         return describe_os_error(exc)
-    text = str(exc) or type(exc).__name__
-    return redact(text.splitlines()[0] if text else text)
+    text = " ".join(str(exc).split()) or type(exc).__name__  # one line
+    return redact(text if len(text) <= 300 else text[:300] + "...")
 
 
 class ObjectStore(Store):
