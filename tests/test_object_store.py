@@ -49,10 +49,12 @@ def s3() -> Iterator[S3Server]:
 
 
 @pytest.fixture
-def bucket(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A fresh bucket, and this process's AWS variables pointing at the server."""
+def bucket(s3: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+    """A fresh bucket, this process's AWS variables pointing at the server, and the default
+    mirrors (open_store's) under tmp."""
     for name, value in s3.env().items():
         monkeypatch.setenv(name, value)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
     name = f"store-{next(_names)}"
     s3.make_bucket(name)
     return name
@@ -220,6 +222,7 @@ def test_an_unreachable_endpoint_fails(tmp_path: Path, monkeypatch: pytest.Monke
                         "AWS_DEFAULT_REGION": "us-east-1",
                         "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}.items():
         monkeypatch.setenv(name, value)  # nothing listens on that port
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
     store = remote("gone", tmp_path / "a")
     assert "connect" in (store.check_writable() or "").lower()
     with pytest.raises(OutputError, match="s3://gone/team/store"):
@@ -238,3 +241,22 @@ def test_a_local_path_is_the_local_store(tmp_path: Path) -> None:
         "files", "model.pb", "result.json", "signature.json"]
     assert json.loads((store.entry(KEY) / "result.json").read_text())["files"] == ["a.txt"]
     assert type(open_store(tmp_path)) is Store
+
+
+def test_a_scratch_store_under_the_bucket(s3: S3Server, bucket: str, tmp_path: Path) -> None:
+    """A Dask run's scratch store beside the cache: pipelines/recipe_flow.py joins its name
+    with pathlib (one slash of the URL collapsed); it opens the same remote folder, and
+    remove_all deletes its objects and its mirror."""
+    from pathlib import PurePosixPath
+
+    joined = str(PurePosixPath(f"s3://{bucket}/team/store") / "scratch" / "run1")
+    assert joined.startswith("s3:/") and not joined.startswith("s3://")
+    scratch = open_store(joined)
+    assert isinstance(scratch, ObjectStore) and scratch.url == (
+        f"s3://{bucket}/team/store/scratch/run1")
+    put_entry(scratch)
+    assert remote(bucket, tmp_path / "b").has(KEY) is False  # not the cache
+    assert objects(s3, bucket, "team/store/scratch/run1/cache/")
+    assert scratch.entry(KEY).is_dir() and scratch.root.is_relative_to(tmp_path)
+    scratch.remove_all()
+    assert objects(s3, bucket) == {} and not scratch.root.exists()
