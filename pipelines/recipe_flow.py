@@ -31,6 +31,7 @@ from orchestrator.errors import OrchestratorError  # noqa: E402
 from orchestrator.executor import NodeOutcome, execute_node  # noqa: E402
 from orchestrator.plan import Node  # noqa: E402
 from orchestrator.session import RunRef, close_session, open_session  # noqa: E402
+from orchestrator.tracking_common import redact  # noqa: E402
 
 log = logging.getLogger("orchestrator")
 
@@ -174,7 +175,7 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
     parallel = _runs_in_parallel()
     try:
         if loaded.recipe.retrain is not None:
-            model_path = retrain_task(str(loaded.path), overrides, str(store_root))
+            model_path = retrain_task(str(loaded.path), overrides, str(project.local_home(root)))
             overrides = [*overrides, f"model.path={model_path}"]
             loaded = load_recipe(loaded.path, overrides)
         ref = RunRef(recipe=str(loaded.path), overrides=tuple(overrides),
@@ -262,24 +263,25 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
         _remove_scratch(ref)
     _link_mlflow_run(report, root)
     return {**report, "out_dir": str(out_dir), "registry": registry, "locations": {
-        "store": str(store_root), "tracking": project.tracking_uri(root),
+        "store": redact(str(store_root)), "tracking": redact(project.tracking_uri(root)),
         "project_root": str(root)}}
 
 
-def _scratch_folder(store_root: Path, parallel: bool) -> str | None:
-    """A parallel run's own folder for models kept out of the cache (see UnstoredModels)."""
+def _scratch_folder(store_root: Path | str, parallel: bool) -> str | None:
+    """A parallel run's own folder for models kept out of the cache (see UnstoredModels):
+    in the store, a local folder or the bucket, so that every worker sees it."""
     if not parallel:
         return None
     import uuid
 
-    return str(Path(store_root) / "scratch" / uuid.uuid4().hex)
+    return f"{str(store_root).rstrip('/')}/scratch/{uuid.uuid4().hex}"
 
 
 def _remove_scratch(ref: RunRef | None) -> None:
     if ref is not None and ref.scratch is not None:
-        import shutil
+        from orchestrator.store import open_store
 
-        shutil.rmtree(ref.scratch, ignore_errors=True)
+        open_store(ref.scratch).remove_all()  # a folder, or the bucket's objects and mirror
 
 
 def _runs_in_parallel() -> bool:
