@@ -134,7 +134,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         # MLflow's import (in the tracking worker) and a booting Prefect server (~2.5 s,
         # unless an earlier run's is up) run beside Prefect's import and the flow's start
         tracking_client.prestart(project.tracking_uri(root))
-        server = prefect_server.start_if_needed(store_root)
+        server = prefect_server.start_if_needed(project.local_home(root))
         # TensorFlow's import (when stages are to run) while the server boots
         warm_up.run(loaded, store_root, args.variant or None, not args.no_cache)
         from pipelines import recipe_flow
@@ -171,7 +171,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _print_where(report: dict, recipe_arg: str) -> None:
-    """Where this run's records are, and how to look at them."""
+    """Where this run's records are, and how to look at them (URL credentials hidden)."""
+    from orchestrator.tracking_common import redact
+
     where = report["locations"]
     registry = report.get("registry") or {}
     if registry.get("registered"):
@@ -180,8 +182,8 @@ def _print_where(report: dict, recipe_arg: str) -> None:
               f"'{entry.get('alias', 'candidate')}' in the MLflow Model Registry")
     elif registry.get("refused"):
         print(f"Not registered: {registry['refused']}")
-    print(f"MLflow run {report['mlflow_run_id']} (tracking: {where['tracking']}); "
-          f"store: {where['store']}")
+    print(f"MLflow run {report['mlflow_run_id']} (tracking: {redact(where['tracking'])}); "
+          f"store: {redact(str(where['store']))}")
     print(f"Dashboards: orchestrator ui {recipe_arg}")
 
 
@@ -189,7 +191,7 @@ def cmd_server(args: argparse.Namespace) -> int:
     """The local Prefect server that runs share (see prefect_server): status, or stop."""
     from orchestrator import prefect_server, project
 
-    home = project.store_dir(project.project_root())
+    home = project.local_home(project.project_root())
     if args.action == "stop":
         stopped = prefect_server.stop_server(home, force=args.force)
         print(f"stopped the Prefect server at {stopped['api_url']} (pid {stopped['pid']})"

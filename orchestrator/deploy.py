@@ -118,10 +118,11 @@ def plan_deployments(paths: Sequence[str | Path], overrides: Sequence[str] = (),
 
 
 def store_home(planned: Sequence[RecipeDeployment]) -> Path:
-    """The store folder that records the local Prefect server: the first recipe's."""
+    """The folder that records the local Prefect server: the first recipe's store folder
+    (its project's .orchestrator when the store is a URL)."""
     from orchestrator import project
 
-    return project.store_dir(project.project_root(planned[0].recipe))
+    return project.local_home(project.project_root(planned[0].recipe))
 
 
 def runner_deployments(planned: Sequence[RecipeDeployment], work_pool: str | None = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -135,3 +136,17 @@ def _write_reason(exc: OSError) -> str:
 def describe_os_error(exc: OSError) -> str:
     """A short reason for an OSError met while writing (read-only, full, ...)."""
     return _write_reason(exc)
+
+
+# scheme://... (two letters or more: C:/ is a Windows drive); pathlib joins collapse the
+# '//' of a URL (Path("s3://b/p") / "x" is "s3:/b/p/x"), so one slash is taken back too
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/(/?)")
+
+
+def store_url(location: str) -> str | None:
+    """The fsspec URL a store location names (s3://bucket/prefix, trailing '/' dropped),
+    or None for a local folder (a plain path or file://)."""
+    found = _URL.match(location)
+    if found is None or found.group(1).lower() == "file":
+        return None
+    return f"{found.group(1)}://{location[found.end():]}".rstrip("/")

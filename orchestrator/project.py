@@ -28,9 +28,22 @@ def project_root(start: Path | str | None = None) -> Path:
     return Path(os.path.abspath(Path.cwd()))
 
 
-def store_dir(root: Path) -> Path:
-    """ORCHESTRATOR_HOME, else `.orchestrator` under the project root."""
-    return Path(os.path.abspath(os.environ.get(STORE_ENV) or root / STORE_FOLDER))
+def store_dir(root: Path) -> Path | str:
+    """The store: ORCHESTRATOR_HOME, a local folder (absolute Path) or an fsspec URL (str,
+    e.g. s3://bucket/prefix, as given); else `.orchestrator` under the project root.
+    `store.open_store` opens either."""
+    from orchestrator.paths import store_url
+
+    home = os.environ.get(STORE_ENV)
+    url = store_url(home) if home else None
+    return url if url is not None else Path(os.path.abspath(home or root / STORE_FOLDER))
+
+
+def local_home(root: Path) -> Path:
+    """This machine's folder for the project's local state (the Prefect server's record):
+    the store's folder, or `.orchestrator` under the project root when the store is a URL."""
+    store = store_dir(root)
+    return store if isinstance(store, Path) else Path(os.path.abspath(root / STORE_FOLDER))
 
 
 def tracking_folder(root: Path) -> Path:
@@ -69,13 +82,25 @@ def output_dir(root: Path, recipe_name: str, requested: Path | str | None = None
     return Path(os.path.abspath(requested if requested else root / "out" / recipe_name))
 
 
-def check_folders(out_dir: Path, store_root: Path, root: Path) -> None:
+def check_folders(out_dir: Path, store_root: Path | str, root: Path) -> None:
     """Every folder the run will write to can be written: exit 2 naming it, before the
-    run, rather than a failure after every stage has run."""
+    run, rather than a failure after every stage has run. A store on an object store takes
+    a probe write (bucket missing, access denied, endpoint down), and its local mirror is
+    checked as a folder."""
     from orchestrator.errors import OutputError
     from orchestrator.paths import writable_dir_problem
-    folders = [(out_dir, "the output folder (-o)"),
-               (store_root, f"the store ({STORE_ENV})")]
+    folders = [(out_dir, "the output folder (-o)")]
+    if isinstance(store_root, Path):
+        folders.append((store_root, f"the store ({STORE_ENV})"))
+    else:
+        from orchestrator.store import open_store
+
+        store = open_store(store_root)
+        problem = store.check_writable()
+        if problem:
+            raise OutputError(f"cannot write to the store {store.shown} ({STORE_ENV}): "
+                              f"{problem}", file=store.shown)
+        folders.append((store.root, f"the local copy of the store {store.shown}"))
     tracking = local_tracking_folder(tracking_uri(root))
     if tracking is not None:
         named = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else (

@@ -10,7 +10,6 @@ run closes them, so the model and the data are loaded once per process and run.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from orchestrator.budgets import check_output_budgets
@@ -20,7 +19,7 @@ from orchestrator.kinds import facts as model_facts
 from orchestrator.model import ModelArtifact, TensorSpec
 from orchestrator.plan import Plan, build_plan
 from orchestrator.recipe import LoadedRecipe, load_recipe
-from orchestrator.store import Store, StoredResult
+from orchestrator.store import Store, StoredResult, open_store
 
 
 @dataclass(frozen=True)
@@ -30,7 +29,7 @@ class RunRef:
     recipe: str  # the recipe file, absolute
     overrides: tuple[str, ...]
     variants: tuple[str, ...] | None
-    store: str  # the store's folder, absolute
+    store: str  # the store's folder, absolute, or its URL (s3://bucket/prefix)
     use_cache: bool = True
     # a folder of this run's own for models kept out of the cache, where the run's stages
     # run in several processes (Dask); None: they stay in the one process's memory
@@ -65,8 +64,8 @@ def open_session(ref: RunRef, loaded: LoadedRecipe | None = None) -> Session:
                               f"{', '.join(recipe.pipelines)}", file=str(loaded.path),
                               field="pipelines")
     devices = loaded.devices()
-    store = Store(Path(ref.store))
-    scratch = None if ref.scratch is None else Store(Path(ref.scratch))
+    store = open_store(ref.store)
+    scratch = None if ref.scratch is None else open_store(ref.scratch)
     plan = build_plan(loaded, list(ref.variants or ()) or None, data_fingerprints(loaded))
     key = plan.source_key
     cached = ref.use_cache and store.has_model(key)

@@ -5,6 +5,9 @@ file of its artifact kind, e.g. model.pb or model.enc, and signature.json naming
 its result (metrics, info, warnings), and any files the stage produced. Entries are written
 into a temporary folder and renamed into place, so a failed or killed run never leaves a
 partial entry, and a present entry is always complete.
+
+`open_store` opens a store by its location: a local folder here, or an fsspec URL
+(ORCHESTRATOR_HOME=s3://bucket/prefix), whose store lives in orchestrator/object_store.py.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from orchestrator import kinds
@@ -88,12 +91,55 @@ def interrupts_deferred() -> Iterator[None]:
                 signal.raise_signal(pending[0])
 
 
+def entry_payload(result: StoredResult, artifact: ModelArtifact | None,
+                  files: dict[str, bytes]) -> dict[str, bytes]:
+    """An entry's files by their name inside the entry: the model file of its kind and
+    signature.json (transform nodes), files/<name> for each stage file, result.json.
+    Sets `result.files`. A stage file name that would leave files/ is a ValueError."""
+    payload: dict[str, bytes] = {}
+    if artifact is not None:
+        payload[kinds.file_name(artifact.kind)] = kinds.to_bytes(artifact)
+        payload[SIGNATURE_FILE] = artifact.signature_json().encode("utf-8")
+    for name, data in files.items():
+        parts = PurePosixPath(name).parts
+        if not parts or PurePosixPath(name).is_absolute() or ".." in parts:
+            raise ValueError(f"stage file name escapes its folder: {name!r}")
+        payload[f"{FILES_DIR}/{name}"] = data
+    result.files = sorted(files)
+    payload[RESULT_FILE] = json.dumps(result.__dict__, indent=2, default=float).encode("utf-8")
+    return payload
+
+
+def open_store(location: str | os.PathLike[str]) -> Store:
+    """The store at `location`: a local folder (`Store`), or an fsspec URL such as
+    s3://bucket/prefix (`ObjectStore`, same interface, imported only then)."""
+    from orchestrator.paths import store_url
+
+    url = store_url(os.fspath(location))
+    if url is None:
+        return Store(Path(location))
+    from orchestrator.object_store import ObjectStore
+
+    return ObjectStore(url)
+
+
 class Store:
     """The cache. Keys are hex digests computed by the plan."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self.cache = self.root / "cache"
+        self.shown = str(self.root)  # how messages name the store
+
+    def check_writable(self) -> str | None:
+        """Why the store cannot be written, or None."""
+        from orchestrator.paths import writable_dir_problem
+
+        return writable_dir_problem(self.root)
+
+    def remove_all(self) -> None:
+        """Delete the whole store (a run's scratch store at its end)."""
+        shutil.rmtree(self.root, ignore_errors=True)
 
     def entry(self, key: str) -> Path:
         return self.cache / key[:2] / key
@@ -118,23 +164,25 @@ class Store:
 
     def _put(self, key: str, result: StoredResult, artifact: ModelArtifact | None,
              files: dict[str, bytes], replace: bool) -> None:
+        if self.entry(key).exists() and not replace:
+            return
+        self.install(key, entry_payload(result, artifact, files), replace)
+
+    def install(self, key: str, payload: dict[str, bytes], replace: bool = False) -> None:
+        """Write an entry's files (relative name -> bytes, as `entry_payload` makes them)
+        into a temporary folder and rename it into place. OSError as raised."""
         final = self.entry(key)
         if final.exists() and not replace:
             return
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{key[:12]}.", suffix=".tmp"))
         try:
-            if artifact is not None:
-                (tmp / kinds.file_name(artifact.kind)).write_bytes(kinds.to_bytes(artifact))
-                (tmp / SIGNATURE_FILE).write_text(artifact.signature_json())
-            for name, data in files.items():
-                target = tmp / FILES_DIR / name
-                if FILES_DIR not in target.resolve().parts or ".." in Path(name).parts:
-                    raise ValueError(f"stage file name escapes its folder: {name!r}")
+            for name, data in payload.items():
+                target = tmp / name
+                if tmp.resolve() not in target.resolve().parents:
+                    raise ValueError(f"store file name escapes its entry: {name!r}")
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(data)
-            result.files = sorted(files)
-            (tmp / RESULT_FILE).write_text(json.dumps(result.__dict__, indent=2, default=float))
             if replace and final.exists():  # move the old entry aside, swap the new in
                 trash = final.with_name(f".{key[:12]}.{os.getpid()}.old")
                 os.rename(final, trash)

@@ -283,7 +283,7 @@ def _open(args: argparse.Namespace, dashboards: Dashboards,
     # both servers boot at once (each imports for seconds), then both are waited for
     _launch_mlflow(dashboards, uri, args.mlflow_port, root)
     if not own_prefect:
-        dashboards.home = project.store_dir(root)
+        dashboards.home = project.local_home(root)
         dashboards.prefect = prefect_server.attach_for_ui(dashboards.home, args.prefect_port)
     lines = _mlflow_lines(dashboards, uri, recipe)
     lines += _prefect_lines(dashboards, own_prefect, args.prefect_port)

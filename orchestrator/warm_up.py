@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def run(loaded: LoadedRecipe, store_root: Path, variants: list[str] | None,
+def run(loaded: LoadedRecipe, store_root: Path | str, variants: list[str] | None,
         use_cache: bool) -> None:
     """The warm-up; returns once its imports are done (they are needed next anyway)."""
     from orchestrator.errors import OrchestratorError
@@ -35,11 +35,11 @@ def run(loaded: LoadedRecipe, store_root: Path, variants: list[str] | None,
     from orchestrator.plan import build_plan
     from orchestrator.plots import pyplot
     from orchestrator.session import data_fingerprints
-    from orchestrator.store import Store
+    from orchestrator.store import open_store
 
     try:
         plan = build_plan(loaded, variants, data_fingerprints(loaded))
-        store = Store(store_root) if use_cache else None
+        store = open_store(store_root) if use_cache else None
         to_compute = prepare_stages(plan, store)
     except (OrchestratorError, OSError, ValueError) as exc:  # the run reports them
         log.debug("warm-up without a plan: %s", exc)
