@@ -348,3 +348,42 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
               f"MLflow {found.mlflow.url}, S3 {found.s3.endpoint}, PostgreSQL "
               f"127.0.0.1:{found.postgres.port}")
         yield found
+
+
+# ---- a project that runs against the stack ---------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+# the LocalCluster of the scale-out runs: 2 worker processes of 1 thread each
+EXECUTION = "execution: {executor: local, workers: 2, threads_per_worker: 1}\n"
+RUN_TIMEOUT_S = 900  # a hang detector on a loaded 2-core machine, never an assertion
+
+
+def make_project(base: Path, recipe_text: str | None = None) -> Path:
+    """A project (pyproject.toml marks its root) with recipes/digits.yaml (or
+    `recipe_text`) and the examples beside it."""
+    project = base / "project"
+    (project / "recipes").mkdir(parents=True)
+    (project / "pyproject.toml").write_text("[project]\nname = 'models'\n")
+    (project / "examples").symlink_to(ROOT / "examples")
+    text = recipe_text or (ROOT / "recipes" / "digits.yaml").read_text() + EXECUTION
+    (project / "recipes" / "digits.yaml").write_text(text)
+    return project
+
+
+def run_env(stack: Stack, project: Path, store: str | None = None) -> dict[str, str]:
+    """A run's environment on the stack: its Prefect API, its tracking server, the store
+    in the bucket (or `store`), the store's local mirror inside the project."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PREFECT_API", "MLFLOW_", "ORCHESTRATOR_HOME", "AWS_"))}
+    env.update(stack.client_env())
+    env.update({"ORCHESTRATOR_HOME": store or stack.store_url,
+                "XDG_CACHE_HOME": str(project / ".cache"), "PYTHONUNBUFFERED": "1",
+                "PREFECT_LOGGING_LEVEL": "WARNING", "TF_CPP_MIN_LOG_LEVEL": "2"})
+    return env
+
+
+def orchestrator(project: Path, env: dict[str, str], *args: str
+                 ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=project, env=env,
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+                          stdin=subprocess.DEVNULL)
