@@ -143,10 +143,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             server.wait_ready()
         total = sum(len(s) for s in loaded.stages.values())
         with ConsoleProgress(total) as progress, recipe_flow.observed_by(progress):
-            report = recipe_flow.run(str(loaded.path), overrides=list(args.set),
-                                     variants=args.variant or None, no_cache=args.no_cache,
-                                     output=output, heartbeats=server is None,
-                                     executor=args.executor, dask_address=args.dask_address)
+            try:
+                report = recipe_flow.run(str(loaded.path), overrides=list(args.set),
+                                         variants=args.variant or None,
+                                         no_cache=args.no_cache, output=output,
+                                         heartbeats=server is None, executor=args.executor,
+                                         dask_address=args.dask_address)
+            except Exception as exc:
+                # the Prefect server gone mid-run is the user's to fix, not a bug (exit 2)
+                lost = prefect_server.api_lost(exc)
+                if lost is None:
+                    raise
+                raise lost from exc
     except OrchestratorError as exc:
         return _error(exc)
     finally:

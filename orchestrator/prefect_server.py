@@ -173,6 +173,35 @@ class PrefectServerError(OrchestratorError):
     """The local Prefect server could not start or stopped answering."""
 
 
+def api_lost(exc: BaseException) -> PrefectServerError | None:
+    """The error to report when `exc` (or what caused it) is the Prefect API not answering
+    mid-run (the server stopped, the network went away), naming the API's URL; None for
+    any other failure. Prefect's client has retried by then (PREFECT_CLIENT_MAX_RETRIES)."""
+    import httpx
+
+    from orchestrator.tracking_common import redact
+
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, httpx.TransportError):
+            url = os.environ.get("PREFECT_API_URL") or _api_url_setting()
+            return PrefectServerError(redact(
+                f"the Prefect API at {url} stopped answering during the run "
+                f"({type(cause).__name__}: {cause}). The run failed; the stages it "
+                "completed are in the store, and a run after the server is back reuses "
+                "them"), field="PREFECT_API_URL")
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def _api_url_setting() -> str:
+    from prefect.settings import PREFECT_API_URL
+
+    return str(PREFECT_API_URL.value() or "(PREFECT_API_URL not set)")
+
+
 class LocksUnavailable(OSError):
     """The store folder's file system has no flock: runs cannot share a server there."""
 

@@ -1,0 +1,165 @@
+"""Issue 19, faults of the servers a scaled-out run depends on, injected for real into the
+stack of tests/servers.py (PostgreSQL, Prefect and MLflow servers, an S3 store):
+
+- the MLflow tracking server killed (`kill -9` of its process group) in the middle of a run;
+- the Prefect server killed in the middle of a run;
+- PostgreSQL restarted between two runs.
+
+"In the middle" is found by watching the run, not by timing: the kill comes once the
+run's progress shows a stage done, while stages remain. Each time: a clear error naming the
+server and its URL (exit 2, no traceback), no output folder, every store entry in the
+bucket verifies against its manifest, and the next run (server back) succeeds and reuses
+every stage the killed run completed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from robust_helpers import wait_for
+from s3_entries import all_entries_verify
+from servers import (
+    RUN_TIMEOUT_S,
+    STORE_BUCKET,
+    ServerProcess,
+    Stack,
+    make_project,
+    orchestrator,
+    run_env,
+    stack,  # noqa: F401  (the fixture)
+)
+
+pytestmark = [pytest.mark.servers, pytest.mark.slow]
+
+# digits cut to two pipelines on 2 Dask workers: stages remain after the first ones end
+RECIPE = """version: 1
+name: faults
+model: {path: ../examples/digits/saved_model}
+data: {evaluation: {source: ../examples/digits/data.npz, inputs: x_test, labels: y_test}}
+execution: {executor: dask, workers: 2, threads_per_worker: 1}
+pipelines:
+  fp32: {stages: [freeze, strip, fold, benchmark, evaluate]}
+  rounded: {from: fp32, stages: [{round_weights: {num_steps: 64}}, benchmark, evaluate]}
+"""
+KILL_AFTER = "fp32 › strip"  # its progress line: freeze and strip are done, 6 stages remain
+DONE_LINE = re.compile(r"✓ (\S+) › (\S+)")
+
+
+def completed_stages(err: str) -> set[str]:
+    return {f"{pipeline}.{stage}" for pipeline, stage in DONE_LINE.findall(err)}
+
+
+def run_and_kill(project: Path, env: dict[str, str], server: ServerProcess) -> tuple[int, str]:
+    """A run whose `server` is killed once KILL_AFTER is done; its exit code and stderr."""
+    err_path = project / "killed.stderr"
+    with open(err_path, "wb") as err:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", "run", "recipes/digits.yaml", "-o", "out"],
+            cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=err,
+            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        seen = wait_for(lambda: KILL_AFTER in err_path.read_text(errors="replace")
+                        or process.poll() is not None, RUN_TIMEOUT_S, 0.05)
+        assert seen and process.poll() is None, (
+            f"the run ended before {KILL_AFTER} was done: exit {process.poll()}\n"
+            + err_path.read_text(errors="replace")[-3000:])
+        server.kill()
+        killed = time.monotonic()
+        code = process.wait(timeout=RUN_TIMEOUT_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    err = err_path.read_text(errors="replace")
+    print(f"{server.name} killed after {KILL_AFTER}: exit {code} "
+          f"{time.monotonic() - killed:.1f} s later; last line: {err.strip().splitlines()[-1]}")
+    return code, err
+
+
+def check_named_error(code: int, err: str, *names: str) -> str:
+    """Exit 2 (the user's to fix, never 70, a bug), no traceback, and one `error: ` line
+    naming each of `names`. (Other lines may come before it: the progress, and warnings of
+    libraries, e.g. Dask's about a dashboard port another cluster holds.)"""
+    assert code != 70, f"internal error (exit 70):\n{err[-4000:]}"
+    # no Python traceback; Dask's worker logs "Compute Failed ... Traceback: '<repr>'" for
+    # a task that could not reach the Prefect API (a worker's log line, not our error)
+    assert "Traceback (most recent call last)" not in err, err[-4000:]
+    assert code == 2, f"exit {code}, expected 2:\n{err[-4000:]}"
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, err[-4000:]
+    for name in names:
+        assert name in lines[0], f"the error does not name {name!r}: {lines[0]}"
+    return lines[0]
+
+
+def check_store(prefix: str, stack: Stack) -> int:  # noqa: F811
+    entries = all_entries_verify(stack.s3, STORE_BUCKET, prefix)
+    return len(entries)
+
+
+def rerun_reuses(project: Path, env: dict[str, str], completed: set[str]) -> dict[str, Any]:
+    done = orchestrator(project, env, "run", "recipes/digits.yaml", "-o", "out")
+    assert done.returncode == 0, done.stderr[-5000:]
+    report = json.loads((project / "out" / "report.json").read_text())
+    cached = {f"{name}.{stage['name']}" for name, variant in report["variants"].items()
+              for stage in variant["stages"] if stage["cached"]}
+    assert completed <= cached, (sorted(completed), sorted(cached))
+    print(f"re-run: exit 0, {len(cached)} stages reused (the killed run completed "
+          f"{len(completed)})")
+    return report
+
+
+@pytest.mark.parametrize("which", ["mlflow", "prefect"])
+def test_server_killed_mid_run(which: str, stack: Stack, digits_example: Path,  # noqa: F811
+                               tmp_path: Path) -> None:
+    server = stack.mlflow if which == "mlflow" else stack.prefect
+    project = make_project(tmp_path, RECIPE)
+    prefix = f"faults-{which}"
+    env = run_env(stack, project, f"s3://{STORE_BUCKET}/{prefix}")
+    try:
+        code, err = run_and_kill(project, env, server)
+    finally:
+        if server.process is None:
+            server.start()  # the next test needs it, however this one ends
+    if which == "mlflow":
+        check_named_error(code, err, "MLflow tracking", stack.mlflow.url)
+    else:
+        check_named_error(code, err, "Prefect API", stack.prefect_api_url)
+    out = project / "out"  # emptied (the failed run's outputs discarded) or never made
+    assert not out.exists() or not any(out.iterdir()), list(out.iterdir())
+    print(f"store after the kill: {check_store(prefix, stack)} entries, each verifies")
+    completed = completed_stages(err)
+    assert {"fp32.freeze", "fp32.strip"} <= completed
+    rerun_reuses(project, env, completed)
+    check_store(prefix, stack)
+
+
+def test_postgresql_restart_between_two_runs(stack: Stack, digits_example: Path,  # noqa: F811
+                                             tmp_path: Path) -> None:
+    """Both servers keep their connection pools across the restart: they must reconnect
+    (both pre-ping pooled connections), not fail the next run."""
+    project = make_project(tmp_path, RECIPE)
+    env = run_env(stack, project, f"s3://{STORE_BUCKET}/faults-postgres")
+    first = orchestrator(project, env, "run", "recipes/digits.yaml", "-o", "out")
+    assert first.returncode == 0, first.stderr[-5000:]
+    started = time.monotonic()
+    stack.postgres.restart("fast")  # every open connection of both servers is closed
+    print(f"PostgreSQL restarted in {time.monotonic() - started:.1f} s")
+    second = orchestrator(project, env, "run", "recipes/digits.yaml", "-o", "out",
+                          "--no-cache")
+    assert second.returncode == 0, second.stderr[-5000:]
+    assert "Traceback" not in second.stderr
+    from mlflow.tracking import MlflowClient
+
+    report = json.loads((project / "out" / "report.json").read_text())
+    run = MlflowClient(tracking_uri=stack.mlflow.url).get_run(report["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert stack.postgres.query("prefect", "SELECT count(*) FROM flow_run WHERE "
+                                "state_type = 'COMPLETED'")[0][0] >= 2
