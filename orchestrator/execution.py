@@ -124,7 +124,7 @@ def task_runner(execution: Execution) -> Any | None:
 def worker_env() -> dict[str, str]:
     """What a LocalCluster's worker processes must share with this one: the store and key
     variables, MLflow's, Prefect's (with the API URL this process uses, even when only
-    Prefect's settings hold it)."""
+    Prefect's settings hold it), and the socket of this process's load probe."""
     env = {k: v for k, v in os.environ.items() if k.startswith(WORKER_ENV_PREFIXES)}
     try:
         from prefect.settings import get_current_settings
@@ -134,4 +134,9 @@ def worker_env() -> dict[str, str]:
         api_url = None
     if api_url:
         env["PREFECT_API_URL"] = str(api_url)
+    from orchestrator import load_probe
+
+    probe = load_probe.shared_address()  # the run's load probe, started by the warm-up
+    if probe is not None:
+        env[load_probe.SOCKET_ENV] = probe
     return env
