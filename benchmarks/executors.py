@@ -21,6 +21,7 @@ next one's start in a chain of N trivial stages (`summarize`), where each waits 
 one before: what Prefect's task bookkeeping plus the task runner add to every stage.
 
     .venv/bin/python benchmarks/executors.py [--quick] [--trivial N] [--repeat N]
+        [--only digits|digits_variants]
 
 --quick: only the overhead, on a chain of 3 trivial stages, local and dask (about 1 min).
 """
@@ -159,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=None,
                         help="runs of each recipe on each executor, interleaved (default 3; "
                         "quick 1)")
+    parser.add_argument("--only", choices=("digits", "digits_variants"), default=None,
+                        help="measure this recipe only (and the overhead chain)")
     args = parser.parse_args(argv)
     trivial = args.trivial or (3 if args.quick else 20)
     repeat = args.repeat or (1 if args.quick else 3)
@@ -175,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.quick:
             run(recipes["warm_up"], work, "local", env, [])  # page cache, the server's DB
         for name in [] if args.quick else [
-                n for n in recipes if n not in ("warm_up", "trivial")]:
+                n for n in recipes if n not in ("warm_up", "trivial")
+                and args.only in (None, n)]:
             measured: dict[str, list[dict]] = {executor: [] for executor in EXECUTORS}
             for rep in range(repeat):
                 order = list(EXECUTORS)
