@@ -118,7 +118,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from orchestrator import prefect_server, project, tracking_client, warm_up
+    from orchestrator import execution, prefect_server, project, tracking_client, warm_up
     from orchestrator.progress import ConsoleProgress
     from orchestrator.recipe import load_recipe
 
@@ -135,8 +135,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         # unless an earlier run's is up) run beside Prefect's import and the flow's start
         tracking_client.prestart(project.tracking_uri(root))
         server = prefect_server.start_if_needed(project.local_home(root))
-        # TensorFlow's import (when stages are to run) while the server boots
-        warm_up.run(loaded, store_root, args.variant or None, not args.no_cache)
+        # TensorFlow's import (when stages are to run) while the server boots; the stages'
+        # helpers (load probe) too, unless the stages run on a scheduler's workers elsewhere
+        chosen = execution.resolve(loaded, args.executor, args.dask_address)
+        warm_up.run(loaded, store_root, args.variant or None, not args.no_cache,
+                    prepare=chosen.address is None)
         from pipelines import recipe_flow
 
         if server is not None:

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from orchestrator.errors import OrchestratorError
+from orchestrator.errors import OrchestratorError, StageError
 
 if TYPE_CHECKING:
+    from orchestrator.plan import Node
     from orchestrator.recipe import LoadedRecipe
 
 LOCAL, DASK = "local", "dask"
@@ -124,7 +126,7 @@ def task_runner(execution: Execution) -> Any | None:
 def worker_env() -> dict[str, str]:
     """What a LocalCluster's worker processes must share with this one: the store and key
     variables, MLflow's, Prefect's (with the API URL this process uses, even when only
-    Prefect's settings hold it)."""
+    Prefect's settings hold it), and the socket of this process's load probe."""
     env = {k: v for k, v in os.environ.items() if k.startswith(WORKER_ENV_PREFIXES)}
     try:
         from prefect.settings import get_current_settings
@@ -134,4 +136,29 @@ def worker_env() -> dict[str, str]:
         api_url = None
     if api_url:
         env["PREFECT_API_URL"] = str(api_url)
+    from orchestrator import load_probe
+
+    probe = load_probe.shared_address()  # the run's load probe, started by the warm-up
+    if probe is not None:
+        env[load_probe.SOCKET_ENV] = probe
     return env
+
+
+def explain_failure(node: Node, error: BaseException) -> BaseException:
+    """A stage whose Dask worker died (killed, out of memory) or whose scheduler went away
+    as the stage's own error (exit 3, naming it), not a traceback; other errors as they
+    are. Dask runs such a stage again on another worker first (`allowed-failures`)."""
+    if "distributed" not in sys.modules:
+        return error
+    from distributed import KilledWorker
+    from distributed.comm.core import CommClosedError
+
+    if isinstance(error, KilledWorker):
+        why = ("the Dask worker running it died (killed, or out of memory), as did the "
+               "workers it was retried on")
+    elif isinstance(error, CommClosedError | ConnectionError):
+        why = "the connection to the Dask scheduler was lost"
+    else:
+        return error
+    return StageError(f"{why}: {type(error).__name__}: {error}; the stages stored before "
+                      "are reused by the next run", pipeline=node.pipeline, stage=node.stage)

@@ -159,12 +159,22 @@ def prepare_stages(plan: Plan, store: Store | None) -> bool:
     no store, as with --no-cache); whether any node is still to compute. Hooks are
     idempotent: a run may call this early (see orchestrator.warm_up) and again at its
     first computed stage."""
-    pending = [node for node in plan.nodes if store is None or not store.has(node.key)]
-    for node in pending:
+    to_compute = pending_nodes(plan, store)
+    for node in to_compute:
         prepare = get_stage(node.stage).prepare
         if prepare is not None:
             prepare(node.params)
-    return bool(pending)
+    return bool(to_compute)
+
+
+def pending_nodes(plan: Plan, store: Store | None) -> list[Node]:
+    """The nodes of `plan` not in `store` yet (every node: no store, as with --no-cache)."""
+    return [node for node in plan.nodes if store is None or not store.has(node.key)]
+
+
+def pending(plan: Plan, store: Store | None) -> bool:
+    """Whether any node of `plan` is still to compute."""
+    return bool(pending_nodes(plan, store))
 
 
 def execute_node(node: Node, data: RunData, use_cache: bool = True) -> NodeOutcome:

@@ -12,7 +12,10 @@ memory-mapped weights are clean file pages it can drop). An encrypted model is d
 in the child, as the app does; its key reaches the child through the zygote's pipe only.
 
 The zygote starts on first use, or earlier with `start()` so that its import overlaps other
-work, and ends with the process that started it (its stdin closes).
+work, and ends with the process that started it (its stdin closes). It also answers on a
+Unix socket of its own (`shared_address()`): the Dask workers of a run's LocalCluster get
+its path in SOCKET_ENV and measure through it, rather than each importing TensorFlow once
+more in a zygote of their own (on a 2-core machine that was 7 s of CPU per worker).
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ import importlib
 import json
 import os
 import selectors
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +42,8 @@ MB = 1024 * 1024
 # machine), may take; past that the zygote and its child are killed and the stage warns
 READY_TIMEOUT_S = 300.0
 MEASURE_TIMEOUT_S = 180.0
+# the socket of a zygote another process of the same run started (a Dask worker's parent)
+SOCKET_ENV = "ORCHESTRATOR_LOAD_PROBE_SOCKET"
 
 
 class ProbeError(RuntimeError):
@@ -163,10 +170,17 @@ def _forked_probe(spec: dict[str, Any]) -> dict[str, Any]:
     return {"error": f"the probe process exited with {os.waitstatus_to_exitcode(status)}"}
 
 
-def serve() -> None:
-    """The zygote's loop: a JSON spec per stdin line, a JSON answer per stdout line."""
+def serve(socket_path: str | None = None) -> None:
+    """The zygote's loop: a JSON spec per stdin line, a JSON answer per stdout line; and,
+    with `socket_path`, one spec and its answer per connection there. Ends at the end of
+    stdin (the process that started it is gone)."""
     answers = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # anything a library prints goes to stderr, never into the answers
+    listener = None
+    if socket_path is not None:  # bound first: a client that comes early waits in line
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(socket_path)
+        listener.listen(16)
     importlib.import_module("orchestrator.tf_adapter")  # first: TF's env defaults, as in runs
     import tensorflow  # noqa: F401 - imported once here, shared by every child
     from ai_edge_litert.interpreter import Interpreter  # noqa: F401
@@ -176,10 +190,64 @@ def serve() -> None:
 
     answers.write(json.dumps({"ready": True}) + "\n")
     answers.flush()
-    for line in sys.stdin:
-        if line.strip():
-            answers.write(json.dumps(_forked_probe(json.loads(line))) + "\n")
-            answers.flush()
+    selector = selectors.DefaultSelector()
+    selector.register(0, selectors.EVENT_READ)
+    if listener is not None:
+        selector.register(listener, selectors.EVENT_READ)
+    pending = b""
+    while True:
+        for key, _ in selector.select():
+            if key.fileobj is listener:
+                _answer_connection(listener)
+                continue
+            chunk = os.read(0, 65536)
+            if not chunk:
+                return
+            pending += chunk
+            while b"\n" in pending:
+                line, _, pending = pending.partition(b"\n")
+                if line.strip():
+                    answers.write(json.dumps(_forked_probe(json.loads(line))) + "\n")
+                    answers.flush()
+
+
+def _answer_connection(listener: socket.socket) -> None:
+    """One spec from a connection on the zygote's socket, and its answer. A client that
+    went away (a worker killed mid-measurement) costs its own answer only."""
+    connection, _ = listener.accept()
+    with connection:
+        try:
+            connection.settimeout(MEASURE_TIMEOUT_S)
+            line = connection.makefile("rb").readline()
+            if line.strip():
+                answer = _forked_probe(json.loads(line))
+                connection.sendall((json.dumps(answer) + "\n").encode())
+        except (OSError, ValueError):
+            pass
+
+
+def _shared_request(path: str, spec: dict[str, Any]) -> dict[str, Any] | None:
+    """`spec` measured by the zygote listening at `path`; None when none listens there."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        client.settimeout(READY_TIMEOUT_S + MEASURE_TIMEOUT_S)  # its import, others first
+        try:
+            client.connect(path)
+        except OSError:
+            return None
+        try:
+            client.sendall((json.dumps(spec) + "\n").encode())
+            line = client.makefile("rb").readline()
+        except OSError as exc:
+            raise ProbeError(f"the run's load probe process at {path} failed: {exc}") from exc
+    if not line.strip():
+        raise ProbeError(f"the run's load probe process at {path} gave no answer")
+    return dict(json.loads(line))
+
+
+def _shared_path() -> str | None:
+    """The socket of the run's zygote that this process was given, when it is there."""
+    path = os.environ.get(SOCKET_ENV)
+    return path if path and os.path.exists(path) else None
 
 
 class _Zygote:
@@ -191,6 +259,14 @@ class _Zygote:
         self._log: Any = None
         self._pending = b""
         self._ready = False
+        self._socket_dir: str | None = None
+
+    @property
+    def address(self) -> str | None:
+        """The zygote's socket, while it runs."""
+        if self._process is None or self._process.poll() is not None or not self._socket_dir:
+            return None
+        return os.path.join(self._socket_dir, "probe.sock")
 
     def start(self) -> None:
         with self._lock:
@@ -204,8 +280,12 @@ class _Zygote:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH"))
                                             if p)
         self._log = tempfile.TemporaryFile()
+        self._remove_socket()
+        # a folder only this user reads: a model's key may cross the socket
+        self._socket_dir = tempfile.mkdtemp(prefix="orchestrator-probe-")
+        socket_path = os.path.join(self._socket_dir, "probe.sock")
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.load_probe", "--serve"],
+            [sys.executable, "-m", "orchestrator.load_probe", "--serve", socket_path],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env,
             start_new_session=True)  # a Ctrl-C at the terminal is for the run to handle
         self._pending, self._ready = b"", False
@@ -274,6 +354,12 @@ class _Zygote:
         if self._log is not None:
             self._log.close()
             self._log = None
+        self._remove_socket()
+
+    def _remove_socket(self) -> None:
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            self._socket_dir = None
 
 
 _ZYGOTE = _Zygote()
@@ -281,8 +367,16 @@ atexit.register(_ZYGOTE.stop)
 
 
 def start() -> None:
-    """Start the zygote now (its TensorFlow import then overlaps the caller's work)."""
-    _ZYGOTE.start()
+    """Start the zygote now (its TensorFlow import then overlaps the caller's work); not
+    when this process was given the socket of its run's zygote (a LocalCluster worker)."""
+    if _shared_path() is None:
+        _ZYGOTE.start()
+
+
+def shared_address() -> str | None:
+    """The socket of this process's zygote, for worker processes of the same run and
+    machine (SOCKET_ENV); None when it is not running."""
+    return _ZYGOTE.address
 
 
 def measure_file(path: Path, fmt: str, inputs: list[dict[str, Any]], outputs: list[str],
@@ -295,7 +389,13 @@ def measure_file(path: Path, fmt: str, inputs: list[dict[str, Any]], outputs: li
                             "outputs": outputs}
     if key is not None:
         spec["key"] = key.hex()
-    return _ZYGOTE.request(spec)
+    shared = _shared_path()
+    answer = None if shared is None else _shared_request(shared, spec)
+    if answer is None:
+        return _ZYGOTE.request(spec)
+    if "error" in answer:
+        raise ProbeError(f"the load probe failed: {answer['error']}")
+    return answer
 
 
 def measure_artifact(artifact: Any, keys: Any, inputs: list[dict[str, Any]],
@@ -337,5 +437,5 @@ def write_runnable_memmapped(package_bytes: bytes, folder: Path) -> Path:
     return path
 
 
-if __name__ == "__main__":  # the zygote: python -m orchestrator.load_probe --serve
-    serve()
+if __name__ == "__main__":  # the zygote: python -m orchestrator.load_probe --serve [SOCKET]
+    serve(sys.argv[2] if len(sys.argv) > 2 else None)

@@ -25,20 +25,27 @@ Submit = Callable[[Node, list[Any]], Any]
 Notify = Callable[..., None]
 # guard(pipeline, outcomes so far) -> a GuardResult (nodes, outcomes) or None
 Guard = Callable[[str, dict[str, NodeOutcome]], Any]
+# explain(node, error) -> the error to report: the task runner's own failures (a worker
+# that died) as the stage's error, anything else unchanged
+Explain = Callable[[Node, BaseException], BaseException]
 
 
 def run_by_dependencies(plan: Plan, submit: Submit, notify: Notify, guard: Guard,
-                        guarded: Sequence[str]) -> tuple[dict[str, NodeOutcome], dict[str, Any]]:
+                        guarded: Sequence[str], explain: Explain | None = None
+                        ) -> tuple[dict[str, NodeOutcome], dict[str, Any]]:
     """Every pipeline of `plan` and its guard; (outcomes by node id in the order a
     sequential run gives them, guard results by pipeline). The first stage to fail raises
-    its error (after on_node_error); stages still running are left to the task runner."""
-    return _Run(plan, submit, notify, guard, set(guarded)).run()
+    its error, as `explain` gives it (after on_node_error); stages still running are left
+    to the task runner."""
+    return _Run(plan, submit, notify, guard, set(guarded),
+                explain or (lambda _node, error: error)).run()
 
 
 class _Run:
     def __init__(self, plan: Plan, submit: Submit, notify: Notify, guard: Guard,
-                 guarded: set[str]) -> None:
+                 guarded: set[str], explain: Explain) -> None:
         self.plan, self.submit, self.notify, self.guard = plan, submit, notify, guard
+        self.explain = explain
         self.guarded = guarded
         self.futures: dict[str, Any] = {}  # node id -> future
         self.first_with_key: dict[str, str] = {}  # cache key -> first node id submitted
@@ -61,8 +68,11 @@ class _Run:
             try:
                 outcome = self.futures[node.id].result()
             except BaseException as exc:
-                self.notify("on_node_error", node, exc)
-                raise
+                error = self.explain(node, exc)
+                self.notify("on_node_error", node, error)
+                if error is exc:
+                    raise
+                raise error from exc
             self.node_finished(node, outcome)
         ordered = {i: self.outcomes[i] for name in self.plan.pipelines
                    for i in self.order.get(name, [])}

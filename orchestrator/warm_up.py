@@ -28,10 +28,12 @@ log = logging.getLogger(__name__)
 
 
 def run(loaded: LoadedRecipe, store_root: Path | str, variants: list[str] | None,
-        use_cache: bool) -> None:
-    """The warm-up; returns once its imports are done (they are needed next anyway)."""
+        use_cache: bool, prepare: bool = True) -> None:
+    """The warm-up; returns once its imports are done (they are needed next anyway).
+    `prepare=False`: the stages run in other processes (Dask workers), each of which calls
+    the hooks itself; a load probe started here would import TensorFlow for nothing."""
     from orchestrator.errors import OrchestratorError
-    from orchestrator.executor import prepare_stages
+    from orchestrator.executor import pending, prepare_stages
     from orchestrator.plan import build_plan
     from orchestrator.plots import pyplot
     from orchestrator.session import data_fingerprints
@@ -40,7 +42,7 @@ def run(loaded: LoadedRecipe, store_root: Path | str, variants: list[str] | None
     try:
         plan = build_plan(loaded, variants, data_fingerprints(loaded))
         store = open_store(store_root) if use_cache else None
-        to_compute = prepare_stages(plan, store)
+        to_compute = prepare_stages(plan, store) if prepare else pending(plan, store)
     except (OrchestratorError, OSError, ValueError) as exc:  # the run reports them
         log.debug("warm-up without a plan: %s", exc)
         to_compute = True

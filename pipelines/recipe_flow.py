@@ -157,6 +157,7 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
     3 for a failing stage (outputs of the failed run removed). `output` defaults to
     out/<recipe name> under the recipe's project root."""
     from orchestrator import project
+    from orchestrator.execution import explain_failure
     from orchestrator.guard import GuardResult, apply_guard, guarded_pipelines
     from orchestrator.parallel import run_by_dependencies
     from orchestrator.recipe import load_recipe
@@ -196,8 +197,11 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
             # on a parallel task runner (Dask) a guard trial runs on a worker too
             outcome = task.submit(node, ref).result() if parallel else task(node, ref)
         except BaseException as exc:
-            _notify(hooks, "on_node_error", node, exc)
-            raise
+            error = explain_failure(node, exc)  # a worker that died: the stage's error
+            _notify(hooks, "on_node_error", node, error)
+            if error is exc:
+                raise
+            raise error from exc
         _notify(hooks, "on_node_end", outcome)
         return outcome
 
@@ -221,7 +225,7 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
         if parallel:  # each node as soon as its input is ready, on the runner's workers
             outcomes, trials = run_by_dependencies(
                 plan, submit_node, lambda method, *args: _notify(hooks, method, *args),
-                guard, guarded_pipelines(plan))
+                guard, guarded_pipelines(plan), explain=explain_failure)
         # local: nodes run one at a time, parents first: TF already uses every core.
         for name in () if parallel else plan.pipelines:
             plan.replan(name)  # its `from:` parent may end elsewhere after the guard

@@ -77,3 +77,24 @@ def test_address_checked_for_real(tmp_path: Path) -> None:
     for bad in ("tcp://127.0.0.1", "http://127.0.0.1:8786", "tcp://:99"):
         with pytest.raises(execution.ExecutionError, match="expected a Dask scheduler"):
             execution.check_address(execution.resolve(None, "dask", bad))
+
+
+def test_a_dead_worker_is_the_stage_error() -> None:
+    """Dask's KilledWorker (the stage's worker died on every try) becomes the stage's own
+    error, exit 3 naming it; any other error is left as it is."""
+    from distributed import KilledWorker
+
+    from orchestrator.errors import StageError
+
+    class Node:
+        pipeline, stage = "int8", "log_ranges"
+
+    class Worker:
+        address = "tcp://127.0.0.1:40000"
+
+    died = KilledWorker("run_stage-1234", Worker(), 3)  # type: ignore[arg-type]
+    error = execution.explain_failure(Node(), died)  # type: ignore[arg-type]
+    assert isinstance(error, StageError) and error.exit_code == 3
+    assert str(error).startswith("stage int8/log_ranges failed: the Dask worker")
+    other = ValueError("a bug")
+    assert execution.explain_failure(Node(), other) is other  # type: ignore[arg-type]

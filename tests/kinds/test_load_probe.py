@@ -109,3 +109,29 @@ def test_benchmark_reports_the_fresh_process_memory(digits_fp32: ModelArtifact) 
     assert memory["load_ms"] > 0 and memory["rss_growth_mb"] > 0
     assert with_memory.metrics["memory_anon_growth_mb"] == memory["anon_growth_mb"]
     assert "memory" not in without.info and "peak_memory_bytes" not in without.info
+
+
+def test_workers_of_a_run_measure_through_its_zygote_socket(
+        digits_fp32: ModelArtifact, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A LocalCluster worker gets the socket of its run's zygote (SOCKET_ENV) and measures
+    there, as the run's own process does through the pipe; a client that goes away in the
+    middle of a request costs the zygote nothing."""
+    import socket
+
+    load_probe.start()
+    address = load_probe.shared_address()
+    assert address is not None
+    by_pipe = measure(digits_fp32)
+    monkeypatch.setenv(load_probe.SOCKET_ENV, address)
+    asked = []
+    monkeypatch.setattr(load_probe._ZYGOTE, "request", lambda spec: asked.append(spec))
+    with socket.socket(socket.AF_UNIX) as gone:  # a worker killed while it asked
+        gone.connect(address)
+        gone.sendall(b'{"path": ')
+    by_socket = measure(digits_fp32)
+    assert not asked  # not through the pipe, and no zygote of its own
+    assert by_socket["outputs_sha256"] == by_pipe["outputs_sha256"]
+    assert by_socket["rss_growth_mb"] > 0
+    monkeypatch.undo()
+    monkeypatch.setenv(load_probe.SOCKET_ENV, address + ".gone")  # none there: its own
+    assert measure(digits_fp32)["outputs_sha256"] == by_pipe["outputs_sha256"]
