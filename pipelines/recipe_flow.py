@@ -174,7 +174,11 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
     tracker = TrackingClient(root=root)
     api_logs = _ApiLogs()
     parallel = _runs_in_parallel()
+    own_runner = None  # started here: a run Prefect started, for a recipe that asks for Dask
     try:
+        if not parallel and not _executor_chosen():
+            own_runner = _recipe_task_runner(loaded)
+            parallel = own_runner is not None
         if loaded.recipe.retrain is not None:
             model_path = retrain_task(str(loaded.path), overrides, str(project.local_home(root)))
             overrides = [*overrides, f"model.path={model_path}"]
@@ -187,15 +191,22 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
         tracker.close()  # before `start`: it ends without creating any MLflow run
         api_logs.close()
         _remove_scratch(locals().get("ref"))
+        _stop(own_runner)
         raise
     plan, hooks = session.plan, [*current_observers(), tracker]
+
+    def submit(node: Node, wait_for: list[Any] | None = None) -> Any:
+        task = stage_task.with_options(task_run_name=_task_run_name(node))
+        if own_runner is not None:  # not the flow's runner: submitted to it directly
+            return own_runner.submit(task, {"node": node, "ref": ref}, wait_for=wait_for)
+        return task.submit(node, ref, wait_for=wait_for)
 
     def run_node(node: Node) -> NodeOutcome:
         _notify(hooks, "on_node_start", node)
         try:
-            task = stage_task.with_options(task_run_name=_task_run_name(node))
             # on a parallel task runner (Dask) a guard trial runs on a worker too
-            outcome = task.submit(node, ref).result() if parallel else task(node, ref)
+            outcome = (submit(node).result() if parallel else
+                       stage_task.with_options(task_run_name=_task_run_name(node))(node, ref))
         except BaseException as exc:
             error = explain_failure(node, exc)  # a worker that died: the stage's error
             _notify(hooks, "on_node_error", node, error)
@@ -204,10 +215,6 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
             raise error from exc
         _notify(hooks, "on_node_end", outcome)
         return outcome
-
-    def submit_node(node: Node, wait_for: list[Any]) -> Any:
-        return stage_task.with_options(task_run_name=_task_run_name(node)).submit(
-            node, ref, wait_for=wait_for)
 
     def guard(name: str, done: dict[str, NodeOutcome]) -> GuardResult | None:
         return apply_guard(name, plan, session.data, done, run_node,
@@ -224,7 +231,7 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
         trials: dict[str, GuardResult] = {}
         if parallel:  # each node as soon as its input is ready, on the runner's workers
             outcomes, trials = run_by_dependencies(
-                plan, submit_node, lambda method, *args: _notify(hooks, method, *args),
+                plan, submit, lambda method, *args: _notify(hooks, method, *args),
                 guard, guarded_pipelines(plan), explain=explain_failure)
         # local: nodes run one at a time, parents first: TF already uses every core.
         for name in () if parallel else plan.pipelines:
@@ -265,6 +272,7 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
         close_session(ref)
         api_logs.close()
         _remove_scratch(ref)
+        _stop(own_runner)
     _link_mlflow_run(report, root)
     return {**report, "out_dir": str(out_dir), "registry": registry, "locations": {
         "store": redact(str(store_root)), "tracking": redact(project.tracking_uri(root)),
@@ -286,6 +294,35 @@ def _remove_scratch(ref: RunRef | None) -> None:
         from orchestrator.store import open_store
 
         open_store(ref.scratch).remove_all()  # a folder, or the bucket's objects and mirror
+
+
+# Set by `run()`, which has already chosen the flow's task runner (the command line over the
+# recipe's block); unset when Prefect starts the flow (a deployment, `serve`, a worker).
+_EXECUTOR_CHOSEN: ContextVar[bool] = ContextVar("executor_chosen", default=False)
+
+
+def _executor_chosen() -> bool:
+    return _EXECUTOR_CHOSEN.get()  # through a function: see current_observers
+
+
+def _recipe_task_runner(loaded: Any) -> Any | None:
+    """For a run Prefect started, whose flow has the default runner: a started Dask task
+    runner when the recipe's `execution:` block asks for one (as `run()` would pick), else
+    None. An address nothing answers at is exit 2 before anything is written."""
+    from orchestrator import execution
+
+    chosen = execution.resolve(loaded)
+    if not chosen.parallel:
+        return None
+    execution.check_address(chosen)
+    runner = execution.task_runner(chosen)
+    runner.__enter__()
+    return runner
+
+
+def _stop(runner: Any | None) -> None:
+    if runner is not None:
+        runner.__exit__(None, None, None)
 
 
 def _runs_in_parallel() -> bool:
@@ -383,8 +420,12 @@ def run(recipe: str, *, heartbeats: bool = True, executor: str | None = None,
     for name in ("prefect.task_runs", "prefect.flow_runs", "prefect.task_engine",
                  "prefect.flow_engine"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
-    if heartbeats:
-        return the_flow(recipe, **parameters)
-    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
-        return the_flow(recipe, **parameters)
+    chosen_here = _EXECUTOR_CHOSEN.set(True)
+    try:
+        if heartbeats:
+            return the_flow(recipe, **parameters)
+        with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+            return the_flow(recipe, **parameters)
+    finally:
+        _EXECUTOR_CHOSEN.reset(chosen_here)
 

@@ -183,3 +183,29 @@ def test_failing_stage_on_a_worker_exits_3_naming_it(
     assert "Traceback" not in err
     assert not (tmp_path / "out").exists()  # outputs discarded
     assert not list((tmp_path / ".orchestrator" / "cache").rglob("*.tmp"))
+
+
+def test_a_flow_prefect_starts_follows_the_recipes_execution_block(
+        digits_example: Path, prefect_server: None, tmp_path: Path) -> None:
+    """A deployment's worker, or `orchestrator serve`, calls the flow itself, whose task
+    runner is Prefect's default: the recipe's `execution: dask` must still fan out."""
+    from pipelines.recipe_flow import recipe_flow
+
+    recipe = tmp_path / "recipes" / "digits.yaml"
+    recipe.parent.mkdir()
+    recipe.write_text((ROOT / "recipes" / "digits.yaml").read_text() +
+                      "execution: {executor: dask, workers: 2, threads_per_worker: 1}\n")
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    env = {"ORCHESTRATOR_HOME": str(tmp_path / ".orchestrator"),
+           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    with in_project(tmp_path, env):
+        report = recipe_flow(str(recipe), variants=["fp32", "int8", "litert_int8"],
+                             output=str(tmp_path / "out"))
+    spans = intervals(report)
+    assert set(spans) == {"fp32", "int8", "litert_int8"}
+    overlapping = [(a, b) for a, b in combinations(spans, 2)
+                   if any(s1 < e2 and s2 < e1 for s1, e1 in spans[a] for s2, e2 in spans[b])]
+    assert overlapping, f"no two pipelines ran a stage at the same time: {spans}"
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["variants"].keys() == \
+        spans.keys()
+    assert not list((tmp_path / ".orchestrator").glob("scratch/*"))  # the run's scratch: gone
