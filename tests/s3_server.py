@@ -82,6 +82,18 @@ class S3Server:
 
 
 @contextmanager
+def s3_server_or_skip() -> Iterator[S3Server]:
+    """For a fixture: `s3_server()`, or the test skipped, saying why it could not start."""
+    import pytest
+
+    try:
+        with s3_server() as server:
+            yield server
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        pytest.skip(f"moto's S3 server cannot start here: {exc}")
+
+
+@contextmanager
 def s3_server() -> Iterator[S3Server]:
     """A moto S3 server on a free loopback port, stopped on exit (its data with it)."""
     server = S3Server(free_port()).start()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from s3_entries import all_entries_verify, client, objects
-from s3_server import S3Server, free_port, s3_server
+from s3_server import S3Server, free_port, s3_server_or_skip
 
 from orchestrator.errors import OutputError
 from orchestrator.model import ModelArtifact, TensorSpec
@@ -41,11 +41,8 @@ def tiny_artifact(scale: float = 2.0) -> ModelArtifact:
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[S3Server]:
-    try:
-        with s3_server() as server:
-            yield server
-    except (RuntimeError, TimeoutError, OSError) as exc:
-        pytest.skip(f"moto's S3 server cannot start here: {exc}")
+    with s3_server_or_skip() as server:
+        yield server
 
 
 @pytest.fixture

@@ -394,6 +394,18 @@ class Started:
         return self.stdout_path.read_text(errors="replace")
 
 
+def wait_all(runs: Sequence[Started], timeout: float) -> list[int]:
+    """The exit codes of runs started together; whatever is left of them killed after."""
+    codes = []
+    try:
+        for run in runs:
+            codes.append(run.process.wait(timeout=timeout))
+    finally:
+        for run in runs:
+            kill_group(run.process)
+    return codes
+
+
 def start_cli(args: Sequence[str | Path], env: Mapping[str, str], cwd: Path,
               logs: Path) -> Started:
     """`orchestrator ARGS` started in its own session (process group), SIGINT at its

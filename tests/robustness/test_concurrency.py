@@ -19,10 +19,10 @@ from robust_helpers import (
     RUN_TIMEOUT_S,
     base_env,
     comparable_report,
-    kill_group,
     output_is_whole_or_absent,
     partial_cache_entries,
     start_cli,
+    wait_all,
 )
 
 pytestmark = pytest.mark.slow
@@ -38,13 +38,7 @@ def test_four_cold_starts_at_once(digits_example: Path, tmp_path: Path,
     env = base_env(home, f"sqlite:///{mlruns / 'mlflow.db'}", prefect_api_url)
     runs = [start_cli(["run", RECIPES / "digits.yaml", "-o", tmp_path / f"out{i}"], env,
                       tmp_path, tmp_path / f"logs{i}") for i in range(RUNS)]
-    codes = []
-    try:
-        for run in runs:
-            codes.append(run.process.wait(timeout=RUN_TIMEOUT_S * 2))
-    finally:
-        for run in runs:
-            kill_group(run.process)
+    codes = wait_all(runs, RUN_TIMEOUT_S * 2)
     for i, (run, code) in enumerate(zip(runs, codes, strict=True)):
         print(f"run {i}: exit {code}")
         assert code == 0, f"run {i} exit {code}:\n{run.stderr()[-3000:]}"

@@ -26,12 +26,12 @@ from robust_helpers import (
     check_clean_error,
     cli_subprocess,
     comparable_report,
-    kill_group,
     output_is_whole_or_absent,
     start_cli,
+    wait_all,
 )
 from s3_entries import all_entries_verify, client, objects
-from s3_server import S3Server, free_port, s3_server
+from s3_server import S3Server, free_port, s3_server_or_skip
 
 pytestmark = [pytest.mark.slow, pytest.mark.servers]
 
@@ -41,11 +41,8 @@ STORE_URL = f"s3://{BUCKET}/{PREFIX}"
 
 @pytest.fixture
 def s3() -> Iterator[S3Server]:
-    try:
-        with s3_server() as server:
-            yield server
-    except (RuntimeError, TimeoutError, OSError) as exc:
-        pytest.skip(f"moto's S3 server cannot start here: {exc}")
+    with s3_server_or_skip() as server:
+        yield server
 
 
 def s3_env(tmp_path: Path, prefect_api_url: str, s3: S3Server, machine: str,
@@ -164,13 +161,7 @@ def test_two_runs_at_once_on_the_bucket(
     runs = [start_cli(["run", RECIPES / "digits.yaml", "-o", tmp_path / f"out{i}"],
                       s3_env(tmp_path / f"m{i}", prefect_api_url, s3, "mirror"), tmp_path,
                       tmp_path / f"logs{i}") for i in range(2)]
-    codes = []
-    try:
-        for run in runs:
-            codes.append(run.process.wait(timeout=RUN_TIMEOUT_S * 2))
-    finally:
-        for run in runs:
-            kill_group(run.process)
+    codes = wait_all(runs, RUN_TIMEOUT_S * 2)
     reports = []
     for i, (run, code) in enumerate(zip(runs, codes, strict=True)):
         assert code == 0, f"run {i} exit {code}:\n{run.stderr()[-3000:]}"
