@@ -105,15 +105,17 @@ def task_runner(execution: Execution) -> Any | None:
         raise ExecutionError(f"executor dask needs the prefect-dask package: {exc}") from exc
     import logging
 
-    # the scheduler's and workers' INFO lines (startup, connections) are not the run's news
-    logging.getLogger("distributed").setLevel(logging.WARNING)
+    # Dask's own lines are not the run's news: start-up and connections (INFO), and a dead
+    # worker or a failed stage (WARNING, ERROR), which come back as the stage's error
+    # (explain_failure); printed through Prefect's console handler they came before it
+    logging.getLogger("distributed").setLevel(logging.CRITICAL)
     if execution.address is not None:
         return DaskTaskRunner(address=execution.address)
     kwargs: dict[str, Any] = {
         "threads_per_worker": execution.threads_per_worker,
         "processes": execution.processes,
         "dashboard_address": None,  # no fixed port to clash with another run's cluster
-        "silence_logs": logging.WARNING,
+        "silence_logs": logging.CRITICAL,
         }
     if execution.processes:
         # each worker imports TensorFlow as it starts, before its first stage needs it
@@ -154,8 +156,8 @@ def explain_failure(node: Node, error: BaseException) -> BaseException:
     from distributed.comm.core import CommClosedError
 
     if isinstance(error, KilledWorker):
-        why = ("the Dask worker running it died (killed, or out of memory), as did the "
-               "workers it was retried on")
+        why = ("the Dask worker running it died (killed, or out of memory), and Dask gave "
+               "up on it (distributed.scheduler.allowed-failures)")
     elif isinstance(error, CommClosedError | ConnectionError):
         why = "the connection to the Dask scheduler was lost"
     else:
