@@ -20,6 +20,9 @@ MAX_YAML_NODES = 100_000
 MAX_PIPELINES = 64
 MAX_STAGES_PER_PIPELINE = 128
 MAX_TARGETS = 64
+# Files under an image-folder data source (named `/` or `~` by mistake, a walk would take
+# minutes); an evaluation set of real photos is a few thousand to tens of thousands.
+MAX_IMAGE_FOLDER_FILES = 200_000
 # A `--set` value is YAML too: the same depth and node bounds apply to it.
 
 # Recipe, pipeline and target names become folder names under `-o DIR` and the store,

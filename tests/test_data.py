@@ -420,3 +420,24 @@ def test_not_a_zip(tmp_path: Path) -> None:
     assert not zipfile.is_zipfile(tmp_path / "bad.npz")
     with pytest.raises(DataError, match="not a readable .npz"):
         check_source(DataSource(source="bad.npz"), tmp_path, "representative", "data.r")
+
+
+def test_an_image_folder_past_the_file_limit_is_refused_without_a_full_walk(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A source named `/` or `~` by mistake: a clear error, not minutes of walking."""
+    from orchestrator.data import images
+
+    folder = tmp_path / "photos"
+    (folder / "b").mkdir(parents=True)
+    Image.new("L", (4, 4)).save(folder / "b" / "one.png")
+    for i in range(3):
+        (folder / f"a{i}.txt").write_text("not an image")
+    source = DataSource(source="photos")  # a folder: the images kind
+    check_source(source, tmp_path, "representative", "data.representative")  # 4 files
+    monkeypatch.setattr(images, "MAX_IMAGE_FOLDER_FILES", 3)
+    with pytest.raises(DataError) as info:
+        check_source(source, tmp_path, "representative", "data.representative")
+    assert "more than 3 files under" in info.value.message
+    assert info.value.field == "data.representative.source"
+    with pytest.raises(ValueError, match="more than 3 files"):
+        images.walk(folder)

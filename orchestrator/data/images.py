@@ -18,6 +18,7 @@ import numpy as np
 from orchestrator import paths
 from orchestrator.data.source import Chunk, LoadStats, Role, hash_file, log, source_path
 from orchestrator.errors import DataError
+from orchestrator.limits import MAX_IMAGE_FOLDER_FILES
 from orchestrator.model import TensorSpec
 from orchestrator.recipe_models import DataSource
 
@@ -31,7 +32,12 @@ def check(source: DataSource, base_dir: Path, role: Role, field_path: str,
           input_spec: TensorSpec | None) -> None:
     """The folder has images (by name) and the labels file, when asked, class names."""
     path = source_path(source, base_dir)
-    if not any(f.suffix.lower() in IMAGE_EXTENSIONS for f in walk(path)):
+    try:
+        found = any(has_image_name(f) and paths.path_problem(f, "file") is None
+                    for f in _names(path))  # the first image will do: no stat of the rest
+    except ValueError as exc:
+        raise DataError(str(exc), file=str(path), field=f"{field_path}.source") from exc
+    if not found:
         raise DataError(f"no images in {path} (looked for "
                         f"{', '.join(sorted(IMAGE_EXTENSIONS))})", file=str(path),
                         field=f"{field_path}.source")
@@ -71,14 +77,27 @@ def skipped_files(source: DataSource, base_dir: Path) -> list[str]:
     return [str(f) for f in walk(path) if f.suffix.lower() not in IMAGE_EXTENSIONS]
 
 
-def walk(folder: Path) -> list[Path]:
-    """Every file under `folder`, sorted by relative path (names only: cheap)."""
-    files = []
+def has_image_name(file: Path) -> bool:
+    return file.suffix.lower() in IMAGE_EXTENSIONS
+
+
+def _names(folder: Path) -> Iterator[Path]:
+    """Every file name under `folder`, folders in sorted order; ValueError past
+    MAX_IMAGE_FOLDER_FILES (a source named `/` or `~` by mistake)."""
+    count = 0
     for root, dirs, names in os.walk(folder):
         dirs.sort()
-        # only regular files: a FIFO among the images would hang the reader
-        files.extend(Path(root) / n for n in names
-                     if paths.path_problem(Path(root) / n, "file") is None)
+        count += len(names)
+        if count > MAX_IMAGE_FOLDER_FILES:
+            raise ValueError(f"more than {MAX_IMAGE_FOLDER_FILES:,} files under {folder}: "
+                             "name the folder that holds the images")
+        yield from (Path(root) / n for n in sorted(names))
+
+
+def walk(folder: Path) -> list[Path]:
+    """Every regular file under `folder`, sorted by relative path. Only regular files: a
+    FIFO among the images would hang the reader. ValueError past MAX_IMAGE_FOLDER_FILES."""
+    files = [f for f in _names(folder) if paths.path_problem(f, "file") is None]
     return sorted(files, key=lambda f: f.relative_to(folder).as_posix())
 
 
