@@ -157,6 +157,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                 lost = prefect_server.api_lost(exc)
                 if lost is None:
                     raise
+                # it may go after the flow wrote its outputs (the final state's report to
+                # the API failed): a failed run leaves none
+                from orchestrator.report import discard_outputs
+
+                discard_outputs(project.output_dir(root, loaded.recipe.name, output))
                 raise lost from exc
     except OrchestratorError as exc:
         return _error(exc)
