@@ -49,39 +49,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return code
 
 
-def cmd_stages(args: argparse.Namespace) -> int:
-    from orchestrator.stages import all_stages
-
-    for stage in all_stages():
-        doc = (stage.doc or "").strip()
-        summary = doc.splitlines()[0] if doc else ""
-        print(f"{stage.name}  [{stage.kind}]  {summary}")
-        for line in doc.splitlines()[1:]:
-            if args.verbose:
-                print(f"    {line}")
-        for name, field in stage.params.model_fields.items():
-            annotation = getattr(field.annotation, "__name__", None) or str(field.annotation)
-            if field.is_required():
-                default = "required"
-            elif field.default_factory is not None:
-                default = f"default {field.default_factory()!r}"  # type: ignore[call-arg]
-            else:
-                default = f"default {field.default!r}"
-            print(f"    {name}: {annotation.replace('typing.', '')} ({default})  "
-                  f"{field.description or ''}")
-        extras = []
-        if stage.requires:
-            extras.append(f"requires earlier: {', '.join(stage.requires)}")
-        if stage.uses_data:
-            extras.append(f"uses data: {', '.join(stage.uses_data)}")
-        extras.append(f"accepts: {', '.join(sorted(stage.accepts))}"
-                      + (f"; produces: {stage.produces}" if stage.produces else ""))
-        if extras:
-            print(f"    ({'; '.join(extras)})")
-        print()
-    return 0
-
-
 def cmd_schema(args: argparse.Namespace) -> int:
     from orchestrator import schema
 
@@ -276,9 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("recipes", nargs="+")
     validate.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE")
     validate.set_defaults(fn=cmd_validate)
-    stages = sub.add_parser("stages", help="list the stages with their params")
-    stages.add_argument("-v", "--verbose", action="store_true", help="full docs")
-    stages.set_defaults(fn=cmd_stages)
+    from orchestrator import cli_stages
+
+    cli_stages.add_parsers(sub)  # stages: every stage and its params
     schema = sub.add_parser("schema", help="print the recipe's JSON Schema (or write it)")
     schema.add_argument("-o", "--output", type=Path, default=None,
                         help="write it to this file (e.g. recipes/recipe.schema.json)")
