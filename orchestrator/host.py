@@ -33,3 +33,95 @@ def describe() -> dict[str, Any]:
     return {"cpu": _cpu_model(), "cores": os.cpu_count(), "machine": platform.machine(),
             "system": f"{platform.system()} {platform.release()}",
             "python": platform.python_version(), "tensorflow": tf.__version__}
+
+
+# --------------------------------------------------------------------------- speed probes
+# What the latency estimates calibrate on (orchestrator.estimates): this host's measured
+# float32 speed, and what its runtimes cost per run with (next to) no work. Each is measured
+# once per process: the figures do not change while a run lasts.
+
+PROBE_SIZE = 512  # matmul side: 268 MFLOP a run, a few ms, big enough for Eigen's blocking
+PROBE_RUNS = 10
+FIXED_RUNS = 200
+
+
+@lru_cache(maxsize=8)
+def matmul_flops_per_second(threads: int) -> float:
+    """This host's float32 FLOP/s (2 per multiply-add): the fastest of PROBE_RUNS runs of a
+    PROBE_SIZE square matmul in a TF session with `threads` intra-op threads, the kernels
+    and threading of the benchmark's own sessions. The fastest, not the median: other
+    processes can only slow a run down, never speed it up."""
+    import time
+
+    import numpy as np
+    import tensorflow as tf
+
+    n = PROBE_SIZE
+    rng = np.random.default_rng(0)
+    graph = tf.Graph()
+    with graph.as_default():
+        weights = tf.constant(rng.standard_normal((n, n)).astype(np.float32))
+        x = tf.compat.v1.placeholder(tf.float32, (n, n))
+        product = tf.matmul(x, weights)
+    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads,
+                                      inter_op_parallelism_threads=1)
+    feed = {x: rng.standard_normal((n, n)).astype(np.float32)}
+    with tf.compat.v1.Session(graph=graph, config=config) as session:
+        session.run(product.op, feed)  # warm up: allocation, thread pool
+        best = float("inf")
+        for _ in range(PROBE_RUNS):
+            start = time.perf_counter()
+            session.run(product.op, feed)
+            best = min(best, time.perf_counter() - start)
+    return 2.0 * n ** 3 / best
+
+
+@lru_cache(maxsize=2)
+def runtime_fixed_ms(runtime: str) -> float:
+    """The p50 of one run of a one-op model (a ReLU of one number) in `runtime`, timed as
+    the benchmark stage times a run: a TF session's run with its feed and fetch
+    ("tensorflow"), LiteRT's Invoke() alone ("litert"). What a run costs before any work."""
+    import time
+
+    import numpy as np
+    import tensorflow as tf
+
+    feed = np.ones((1, 1), np.float32)
+    if runtime == "litert":
+        from orchestrator.litert_model import interpreter
+
+        function = tf.function(tf.nn.relu, input_signature=[tf.TensorSpec((1, 1), tf.float32)])
+        converter = tf.lite.TFLiteConverter.from_concrete_functions(
+            [function.get_concrete_function()], function)
+        lite = interpreter(converter.convert(), num_threads=1)
+        lite.set_tensor(lite.get_input_details()[0]["index"], feed)
+        step = lite.invoke
+    else:
+        graph = tf.Graph()
+        with graph.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, (1, 1))
+            y = tf.nn.relu(x)
+        session = tf.compat.v1.Session(graph=graph, config=tf.compat.v1.ConfigProto(
+            intra_op_parallelism_threads=1, inter_op_parallelism_threads=1))
+
+        def step() -> None:
+            session.run(y, {x: feed})
+    for _ in range(20):  # warm up
+        step()
+    times = []
+    for _ in range(FIXED_RUNS):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    if runtime != "litert":
+        session.close()
+    return float(np.percentile(times, 50)) * 1000.0
+
+
+def speed(threads: int, runtime: str) -> dict[str, Any]:
+    """{flops_per_second, core_flops_per_second, fixed_ms, runtime, threads}: the host
+    figures a latency estimate calibrates on (see orchestrator.estimates)."""
+    return {"flops_per_second": round(matmul_flops_per_second(threads)),
+            "core_flops_per_second": round(matmul_flops_per_second(1)),
+            "fixed_ms": round(runtime_fixed_ms(runtime), 5), "runtime": runtime,
+            "threads": threads}

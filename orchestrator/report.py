@@ -39,7 +39,8 @@ def _merged(outcomes: list[NodeOutcome]) -> tuple[dict[str, Any], dict[str, Any]
 
 def build_variant(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, NodeOutcome],
                   devices: Mapping[str, Any]) -> dict[str, Any]:
-    from orchestrator.devices import estimate_latency_ms, precision_of
+    from orchestrator.devices import precision_of
+    from orchestrator.estimates import estimate
 
     nodes = plan.pipelines[name]
     own = [outcomes[n.id] for n in nodes if n.id in outcomes]
@@ -71,7 +72,7 @@ def build_variant(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, N
     }
     for key in ("ranges", "memmap", "encryption", "outputs", "layer_errors", "float_nodes",
                 "bias_correction", "equalized", "host", "threads", "threads_matrix",
-                "profile", "latency_runs_ms", "memory"):
+                "profile", "latency_runs_ms", "memory", "estimate_basis"):
         if key in info:
             variant[key] = info[key]
     keyed = [n for n in nodes if n.key_id is not None and n.key_id in plan.keys]
@@ -81,11 +82,13 @@ def build_variant(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, N
     targets: dict[str, Any] = {}
     for target in plan.recipe.recipe.targets:
         device = devices[target.name]
-        flops = variant["flops"]
-        est = (None if flops is None
-               else round(estimate_latency_ms(flops, device, variant["precision"]), 4))
+        # FLOPs at the device's speed + the runtime's cost measured on this host (estimates)
+        made = estimate(variant["flops"], device, variant["precision"],
+                        info.get("estimate_basis"))
+        est = None if made is None else round(made.latency_ms, 4)
         violations = check_budgets(variant, target.budgets, est, device)
         targets[target.name] = {"device": device.name, "est_latency_ms": est,
+                                **({"estimate": made.to_json()} if made else {}),
                                 "budgets_ok": not violations, "violations": violations}
     variant["targets"] = targets
     return variant

@@ -12,8 +12,13 @@ data, else random data of the input's shape (unknown dimensions taken as 1).
 - `flops`: the v1 profiler's float-operation count (2 per multiply-add) with the input's
   batch fixed to 1, so one inference. Quantized ops (QuantizedConv2D, QuantizedMatMul,
   ...) are counted like their float twins: an 8-bit graph does the same arithmetic.
-- `est_latency_ms`: per target, FLOPs / the device's FLOP/s x its precision factor
-  (int8 when the graph has Quantized* ops). An estimate, not a measurement.
+- `est_latency_ms`: per target, an estimate, not a measurement: FLOPs / the device's
+  FLOP/s x its precision factor (int8 when the graph has Quantized* ops), plus the
+  runtime's own cost (this run's p50 minus its compute on this host, scaled by the device's
+  one-core speed against this host's). `estimate` says per target how it was made, and
+  `estimate_basis` holds what it was calibrated on: this host's measured FLOP/s (a matmul
+  probe, all threads and one), the runtime's cost of a one-op model, and the ops a run
+  executes (graph nodes for a TF session, operators for LiteRT). See orchestrator.estimates.
 - `memory`: `load_ms`, `rss_growth_mb` and `anon_growth_mb` of a fresh process that reads
   the shipped file (decrypting it, mapping memmapped weights), loads it and runs it once:
   measured, see orchestrator.load_probe. RssAnon is the heap a phone's OS counts.
@@ -38,8 +43,9 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import Field, NonNegativeInt, PositiveInt
 
-from orchestrator.devices import estimate_latency_ms, precision_of
-from orchestrator.host import describe
+from orchestrator.devices import precision_of
+from orchestrator.estimates import basis, estimate
+from orchestrator.host import describe, speed
 from orchestrator.kinds import runnable
 from orchestrator.model import ModelArtifact
 from orchestrator.runtime import random_input
@@ -95,6 +101,8 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
             if index > 0:  # the first setting is `latency_ms`, profiled and traced
                 continue
             times_ms = runs_ms
+            runtime = "litert" if hasattr(runner, "invoke") else "tensorflow"
+            ops = _ops_executed(runner)
             if params.memory and hasattr(runner, "session"):
                 peak = _traced_peak_memory(runner, feeds)
             if params.profile_runs:
@@ -132,9 +140,16 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
                                  "latency_mean_ms": latency["mean"]}
     if flops is not None:
         metrics["flops"] = float(flops)
-        info["est_latency_ms"] = {
-            target: round(estimate_latency_ms(flops, device, precision), 4)
-            for target, device in ctx.devices.items()}
+        host = speed(threads, runtime)
+        info["estimate_basis"] = basis(latency["p50"], host["flops_per_second"],
+                                       host["core_flops_per_second"], host["fixed_ms"], ops,
+                                       runtime)
+        estimates = {target: estimate(flops, device, precision, info["estimate_basis"])
+                     for target, device in ctx.devices.items()}
+        info["est_latency_ms"] = {target: round(e.latency_ms, 4)
+                                  for target, e in estimates.items() if e is not None}
+        info["estimate"] = {target: e.to_json() for target, e in estimates.items()
+                            if e is not None}
         metrics.update({f"est_latency_ms.{t}": v for t, v in info["est_latency_ms"].items()})
     if params.memory:
         info["memory"] = _fresh_process_memory(given, ctx, warnings)
@@ -162,6 +177,16 @@ def _fresh_process_memory(given: ModelArtifact, ctx: StageContext, warnings: lis
         return None
     return {"load_ms": answer["load_ms"], "rss_growth_mb": answer["rss_growth_mb"],
             "anon_growth_mb": answer["anon_growth_mb"]}
+
+
+def _ops_executed(runner: Any) -> int | None:
+    """Ops one run executes: LiteRT's operators, or the nodes of a session's graph."""
+    try:
+        if hasattr(runner, "invoke"):
+            return len(runner.interpreter._get_ops_details())  # no public count
+        return len(runner.graph.get_operations())
+    except (AttributeError, RuntimeError, ValueError):
+        return None
 
 
 def _timed_runs(runner: Any, feeds: list[np.ndarray], count: int) -> list[float]:
