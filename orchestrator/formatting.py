@@ -1,0 +1,123 @@
+"""How a person reads a figure: one home for the console table, the selection reasons, the
+report page, `benchmark`, the gate and the history table.
+
+- Timings: 3 significant digits, in µs below 1 ms (LiteRT's 5 µs would be "0.005 ms", one
+  significant digit; 0.299 ms reads as 299 µs), else in ms.
+- Sizes and RAM: MiB (1,048,576 bytes), the unit of the budget keys `max_size_mb` and
+  `max_ram_mb` (orchestrator.budgets.MB), 3 significant digits. One unit family
+  everywhere, stated once where a table is shown (SIZE_UNIT_NOTE).
+- Counts: thousands separated.
+- Layer names: the same short name everywhere (console, page, plots): the first name of a
+  LiteRT op fused from several graph nodes, without `StatefulPartitionedCall/` and the
+  scope every layer of the model shares, and when still too long its tail (the layer and
+  its op), cut at a `/`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+
+MIB = 1024 * 1024
+SIZE_UNIT = "MiB"
+SIZE_UNIT_NOTE = ("MiB = 1,048,576 bytes, the unit of the budgets max_size_mb and "
+                  "max_ram_mb")
+DASH = "-"
+
+# TF2 SavedModels wrap the whole model in one call: its name says nothing about a layer
+_CALL_PREFIX = re.compile(r"^(?:(?:StatefulPartitionedCall|PartitionedCall)(?:_\d+)?/)+")
+
+
+def significant(value: float, digits: int = 3) -> str:
+    """`value` with `digits` significant digits, in fixed notation; whole numbers with
+    thousands separated from 10**digits on (never rounded to zeros): 0.00512 -> "0.00512",
+    57.04 -> "57.0", 1234.5 -> "1,234"."""
+    if value == 0 or not math.isfinite(value):
+        return "0" if value == 0 else str(value)
+    rounded = float(f"{value:.{digits - 1}e}")  # 9.996 -> 10.0: decimals follow the rounding
+    magnitude = math.floor(math.log10(abs(rounded)))
+    if magnitude >= digits:
+        return f"{value:,.0f}"
+    return f"{rounded:.{max(digits - 1 - magnitude, 0)}f}"
+
+
+def format_ms(value: float | None, digits: int = 3) -> str:
+    """A timing given in ms, 3 significant digits: below 1 ms in µs ("5.12 µs", "299 µs"),
+    else in ms ("1.25 ms", "225 ms", "1,234 ms"); None -> "-"."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return DASH
+    value = float(value)
+    if abs(value) < 1.0 and value != 0:
+        micro = float(significant(value * 1000.0, digits).replace(",", ""))
+        if abs(micro) < 1000.0:  # 0.9996 ms rounds to 1,000 µs: say 1.00 ms
+            return f"{significant(value * 1000.0, digits)} µs"
+        return f"{significant(value, digits)} ms"
+    return f"{significant(value, digits)} ms"
+
+
+def format_size(size_bytes: float | None, digits: int = 3, unit: bool = True) -> str:
+    """Bytes as MiB, 3 significant digits: 1,076,839 -> "1.03 MiB", 272,520 -> "0.260 MiB";
+    `unit=False` for a column whose header names the unit. None -> "-"."""
+    if size_bytes is None:
+        return DASH
+    text = significant(float(size_bytes) / MIB, digits)
+    return f"{text} {SIZE_UNIT}" if unit else text
+
+
+def format_mib(mib: float | None, digits: int = 3, unit: bool = True) -> str:
+    """A figure already in MiB (a budget, a measured growth), like format_size."""
+    return DASH if mib is None else format_size(float(mib) * MIB, digits, unit)
+
+
+def format_count(count: int | float | None) -> str:
+    """268364 -> "268,364"; None -> "-"."""
+    return DASH if count is None else f"{int(count):,}"
+
+
+# --- layer names ------------------------------------------------------------------------
+
+
+def _first_name(name: str) -> str:
+    """A LiteRT op fused from several graph nodes is named "a;b;c": its first node."""
+    return _CALL_PREFIX.sub("", name.split(";")[0])
+
+
+def shared_scope(names: Iterable[str]) -> str:
+    """The scope (whole `/` parts) that every scoped name shares, after _first_name: the
+    model's own scope, e.g. "digits_cnn_1/" (a name without any scope, such as LiteRT's
+    output "Identity", does not count). Never the whole of a name."""
+    parts = [p for p in (_first_name(n).split("/")[:-1] for n in names) if p]
+    if len(parts) < 2:  # one name alone: its scope may be all that tells it apart
+        return ""
+    shared: list[str] = []
+    for column in zip(*parts, strict=False) if parts else ():
+        if len(set(column)) != 1:
+            break
+        shared.append(column[0])
+    return "".join(part + "/" for part in shared)
+
+
+def layer_name(name: str, scope: str = "", width: int | None = None) -> str:
+    """A readable layer name: the first name of a fused op, without the call prefixes and
+    `scope` (see shared_scope); longer than `width`, its tail after a `/`, marked "…/"."""
+    short = _first_name(name)
+    if scope and short.startswith(scope) and len(short) > len(scope):
+        short = short[len(scope):]
+    if width is None or len(short) <= width:
+        return short
+    parts = short.split("/")
+    tail = parts[-1]
+    for part in reversed(parts[:-1]):  # whole parts while they fit
+        if len(part) + 1 + len(tail) + 2 > width:
+            break
+        tail = f"{part}/{tail}"
+    if len(tail) + 2 > width:  # one part longer than the room: its end
+        return "…" + tail[len(tail) - width + 1:]
+    return "…/" + tail
+
+
+def layer_names(names: Sequence[str], width: int | None = None) -> dict[str, str]:
+    """Each name's layer_name, without the scope all of `names` share."""
+    scope = shared_scope(names)
+    return {name: layer_name(name, scope, width) for name in names}
