@@ -1,23 +1,35 @@
 # Two commands on a fresh clone: `make demo` and `make test`. Each sets itself up.
+# `make demo` installs what the demo runs (requirements/demo.lock); `make test` adds what the
+# tests need (requirements/test.lock), so after a demo it installs only the difference.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+DEMO_LOCK := requirements/demo.lock
+TEST_LOCK := requirements/test.lock
+DEMO_STAMP := $(VENV)/.installed-demo
+TEST_STAMP := $(VENV)/.installed-test
 EXAMPLE := examples/digits/data.npz
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: demo test install example lint bench bench-quick clean
+.PHONY: demo test install install-test example lint bench bench-quick lock clean
 
-$(STAMP): pyproject.toml
+# The locks pin every package, pip included; `-c` holds each install to them
+$(DEMO_STAMP): pyproject.toml $(DEMO_LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[dev]"
-	touch $(STAMP)
+	$(PY) -m pip install -q -c $(DEMO_LOCK) pip
+	$(PY) -m pip install -q -c $(DEMO_LOCK) -e .
+	touch $@
 
-install: $(STAMP)
+$(TEST_STAMP): $(DEMO_STAMP) $(TEST_LOCK)
+	$(PY) -m pip install -q -c $(TEST_LOCK) -e ".[test]"
+	touch $@
 
-$(EXAMPLE): $(STAMP) examples/digits/make_model.py
+install: $(DEMO_STAMP)
+
+install-test: $(TEST_STAMP)
+
+$(EXAMPLE): $(DEMO_STAMP) examples/digits/make_model.py
 	$(PY) examples/digits/make_model.py
 
 example: $(EXAMPLE)
@@ -26,28 +38,46 @@ example: $(EXAMPLE)
 # is git-ignored). The demo reads it into ORCHESTRATOR_MODEL_KEY: the recipe names no key.
 DEMO_KEY := .orchestrator/demo.key
 
-$(DEMO_KEY): | $(STAMP)  # order-only: a reinstall must not remake (refuse to overwrite) the key
+$(DEMO_KEY): | $(DEMO_STAMP)  # order-only: a reinstall must not remake (refuse to overwrite) the key
 	$(VENV)/bin/orchestrator keygen -o $(DEMO_KEY)
 
+# Writes the recipe's own output folder, out/digits-cnn (its name), as `orchestrator run` does
 demo: $(EXAMPLE) $(DEMO_KEY)
 	@echo "model key: ORCHESTRATOR_MODEL_KEY from $(DEMO_KEY)"
-	ORCHESTRATOR_MODEL_KEY="$$(cat $(DEMO_KEY))" $(VENV)/bin/orchestrator run recipes/digits.yaml -o out/digits
+	ORCHESTRATOR_MODEL_KEY="$$(cat $(DEMO_KEY))" $(VENV)/bin/orchestrator run recipes/digits.yaml
+	@echo "the orchestrator command: . $(VENV)/bin/activate (or run $(VENV)/bin/orchestrator)"
 
-test: $(EXAMPLE)
+test: $(EXAMPLE) $(TEST_STAMP)
 	$(PY) -m pytest -q
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check orchestrator tests examples benchmarks
 
-bench: $(EXAMPLE)
+bench: $(EXAMPLE) $(TEST_STAMP)
 	$(PY) benchmarks/int8_size.py
 	$(PY) benchmarks/log_ranges.py
 	$(PY) benchmarks/cached_rerun.py
 	$(PY) benchmarks/litert_side_by_side.py
 
 # Every benchmark end to end with small settings (what make test runs, so they cannot rot)
-bench-quick: $(EXAMPLE)
+bench-quick: $(EXAMPLE) $(TEST_STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/test_benchmarks_quick.py
+
+# Re-resolves both locks from pyproject.toml against the package index pip is configured
+# with (pip-tools' pip-compile reads pip's configuration), for this Python (3.11) on Linux
+# x86_64. test.lock first; demo.lock is held to its versions, so that `make test` after
+# `make demo` adds packages and changes none. Commit both files.
+LOCK_TOOLS := $(VENV)/lock-tools
+COMPILE := $(LOCK_TOOLS)/bin/pip-compile -q --strip-extras --allow-unsafe --no-emit-index-url \
+	--no-emit-find-links --no-emit-trusted-host --upgrade --annotation-style=line
+
+lock: export CUSTOM_COMPILE_COMMAND := make lock
+lock:
+	test -x $(LOCK_TOOLS)/bin/pip-compile || ($(PYTHON) -m venv $(LOCK_TOOLS) && \
+		$(LOCK_TOOLS)/bin/pip install -q pip-tools)
+	mkdir -p requirements
+	echo pip | $(COMPILE) --extra test -o $(TEST_LOCK) pyproject.toml -
+	echo pip | $(COMPILE) -c $(TEST_LOCK) -o $(DEMO_LOCK) pyproject.toml -
 
 clean:
 	rm -rf .orchestrator out .pytest_cache
