@@ -1,19 +1,20 @@
 """Recipe errors located in the YAML: `make_error` puts a message on the deepest part of a
-field's path that has a line and column, and `pydantic_error` turns pydantic's first error
-into one saying what was expected and what was found (union branches sorted out, "did you
-mean" for unknown keys).
+field's path that has a line and column, and `pydantic_errors` turns each of pydantic's
+errors into one saying what was expected and what was found (union branches sorted out,
+"did you mean" for unknown keys). `RecipeErrors` holds every independent error of a recipe,
+as a compiler lists them: `collected` raises it.
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
-from orchestrator.errors import RecipeError
+from orchestrator.errors import OrchestratorError, RecipeError
 from orchestrator.recipe_models import Recipe
 
 # a recipe field's path: keys and list indices (`("pipelines", "int8", "stages", 0)`)
@@ -34,6 +35,54 @@ def make_error(cls: type, message: str, path: Path | str, loc: Loc,
             return cls(message, file=str(path), line=line, column=column,
                        field=dotted(loc) or None)
     return cls(message, file=str(path), field=dotted(loc) or None)
+
+
+class RecipeErrors(RecipeError):
+    """Several errors of one recipe (or one whose later checks did not run: `note` says
+    which), sorted by line. Its file, line, column, field and message are the first
+    error's; `errors` holds them all. Printed as a compiler prints them: one
+    `file:line:column [field]: message` line each (`error: ` before every line after the
+    first, as the command prints `error: ` before the first), then a count line."""
+
+    def __init__(self, errors: Sequence[OrchestratorError], recipe: str,
+                 note: str | None = None) -> None:
+        first = errors[0]
+        super().__init__(first.message, file=first.file, line=first.line,
+                         column=first.column, field=first.field)
+        self.errors = list(errors)
+        self.recipe = recipe
+        self.note = note
+        self.exit_code = max(e.exit_code for e in self.errors)
+
+    def summary(self) -> str:
+        count = len(self.errors)
+        text = f"{self.recipe}: {count} error{'s' if count != 1 else ''}"
+        return f"{text} ({self.note})" if self.note else text
+
+    def __str__(self) -> str:
+        return "\nerror: ".join(str(e) for e in self.errors) + "\n" + self.summary()
+
+
+def _sort_key(exc: OrchestratorError) -> tuple[int, int, int]:
+    # errors of the recipe file by line; those of `--set` (no line) first
+    return (0 if exc.line is None else 1, exc.line or 0, exc.column or 0)
+
+
+def collected(errors: Sequence[OrchestratorError], recipe: Path | str,
+              note: str | None = None) -> OrchestratorError | None:
+    """The error to raise for `errors` (None when there are none): the error itself when
+    it is the only one and every check ran, else a RecipeErrors of all of them, sorted by
+    line, each reported once."""
+    unique: dict[tuple[Any, ...], OrchestratorError] = {}
+    for exc in errors:
+        for each in getattr(exc, "errors", None) or [exc]:
+            unique.setdefault((each.file, each.line, each.column, each.message), each)
+    found = sorted(unique.values(), key=_sort_key)
+    if not found:
+        return None
+    if len(found) == 1 and note is None:
+        return found[0]
+    return RecipeErrors(found, str(recipe), note)
 
 
 def _models_in(annotation: Any) -> Iterator[type[BaseModel]]:
@@ -139,12 +188,40 @@ def _shown(value: Any) -> str:
 def pydantic_error(exc: ValidationError, path: Path, marks: Mapping[Loc, tuple[int, int]],
                     prefix: Loc = (), model: type[BaseModel] | None = None,
                     data: Any = _NO_DATA) -> RecipeError:
-    """The first pydantic error as a located RecipeError saying expected vs found.
+    """The first of `pydantic_errors`."""
+    return pydantic_errors(exc, path, marks, prefix, model, data)[0]
+
+
+def _independent(errors: list[Any], data: Any) -> list[list[Any]]:
+    """pydantic's errors grouped by the field they are about: a union's branch errors
+    (whose locs carry the branch's tag) form one group, every other error its own."""
+    groups: dict[Any, list[Any]] = {}
+    for index, err in enumerate(errors):
+        tags = _tags(err, data)
+        depth = next((i for i, tag in enumerate(tags) if tag), None)
+        key = ("union", tuple(err["loc"][:depth])) if depth is not None else ("one", index)
+        groups.setdefault(key, []).append(err)
+    return list(groups.values())
+
+
+def pydantic_errors(exc: ValidationError, path: Path, marks: Mapping[Loc, tuple[int, int]],
+                    prefix: Loc = (), model: type[BaseModel] | None = None,
+                    data: Any = _NO_DATA) -> list[RecipeError]:
+    """Every independent pydantic error as a located RecipeError saying expected vs found,
+    in pydantic's order.
 
     `data` is the validated input: with it, union branch tags are told from real keys and
     a union's error is the one of the branch that matches the input's type."""
-    err, real, alternatives = _pick_error(exc.errors(), data)
-    loc: Loc = (*prefix, *real)
+    found = []
+    for group in _independent(exc.errors(), data):
+        err, real, alternatives = _pick_error(group, data)
+        found.append(_located(err, (*prefix, *real), alternatives, path, marks, prefix, model))
+    return found
+
+
+def _located(err: Any, loc: Loc, alternatives: list[Any], path: Path,
+             marks: Mapping[Loc, tuple[int, int]], prefix: Loc,
+             model: type[BaseModel] | None) -> RecipeError:
     kind = err["type"]
     if alternatives:
         expected = " or ".join(dict.fromkeys(
@@ -164,5 +241,4 @@ def pydantic_error(exc: ValidationError, path: Path, marks: Mapping[Loc, tuple[i
         message = str(err["msg"]).removeprefix("Value error, ")
     else:
         message = f"{err['msg']}; found {_shown(err.get('input'))}"
-    return make_error(RecipeError, message, path, loc, marks)
-
+    return make_error(RecipeError, message, path, loc, marks)  # type: ignore[no-any-return]
