@@ -86,18 +86,23 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from orchestrator import execution, prefect_server, project, tracking_client, warm_up
+    from orchestrator.cli_common import check_variants
     from orchestrator.progress import ConsoleProgress
     from orchestrator.recipe import load_recipe
 
     server = None
     try:
         loaded = load_recipe(args.recipe, args.set)
+        check_variants(loaded, args.variant)
         root = project.project_root(loaded.path)
         store_root = project.store_dir(root)
         output = None if args.output is None else os.path.abspath(args.output)
-        # before the server starts: a folder that cannot be written is exit 2 at once
-        project.check_folders(project.output_dir(root, loaded.recipe.name, output),
-                              store_root, root)
+        out_dir = project.output_dir(root, loaded.recipe.name, output)
+        # before the server starts: a folder that cannot be written, or that holds another
+        # recipe's outputs, is exit 2 at once (the flow checks again: deployments)
+        project.check_folders(out_dir, store_root, root)
+        project.check_output_owner(out_dir, loaded.recipe.name, loaded.path, root,
+                                   args.force)
         # MLflow's import (in the tracking worker) and a booting Prefect server (~2.5 s,
         # unless an earlier run's is up) run beside Prefect's import and the flow's start
         tracking_client.prestart(project.tracking_uri(root))
@@ -117,6 +122,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 report = recipe_flow.run(str(loaded.path), overrides=list(args.set),
                                          variants=args.variant or None,
                                          no_cache=args.no_cache, output=output,
+                                         force=args.force,
                                          heartbeats=server is None, executor=args.executor,
                                          dask_address=args.dask_address)
             except Exception as exc:
@@ -126,9 +132,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                     raise
                 # it may go after the flow wrote its outputs (the final state's report to
                 # the API failed): a failed run leaves none
-                from orchestrator.report import discard_outputs
+                from orchestrator import output_folder
 
-                discard_outputs(project.output_dir(root, loaded.recipe.name, output))
+                output_folder.discard(out_dir, output_folder.owner_of(
+                    loaded.recipe.name, loaded.path))
                 raise lost from exc
     except OrchestratorError as exc:
         return _error(exc)
@@ -231,7 +238,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override a recipe field by its dotted path")
     run.add_argument("--no-cache", action="store_true", help="run every stage again")
     run.add_argument("--variant", action="append", default=[], metavar="NAME",
-                     help="run only this pipeline (and its from: ancestors); repeatable")
+                     help="run only this pipeline (and its from: ancestors); repeatable. The "
+                     "run still replaces the output folder whole: it then holds this run's "
+                     "variants only")
+    run.add_argument("--force", action="store_true",
+                     help="write to the output folder even if it holds another recipe's "
+                     "outputs or other files (they are replaced)")
     run.add_argument("--executor", choices=["local", "dask"], default=None,
                      help="where the stages run (wins over the recipe's execution.executor): "
                      "local, one at a time; dask, pipelines in parallel on Dask")

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
+from collections.abc import Iterable
+from typing import Any
 
 from orchestrator.errors import OrchestratorError
 
@@ -25,3 +28,24 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1, found {text!r}")
     return value
+
+
+def unknown_name_message(what: str, name: str, known: Iterable[str]) -> str:
+    """`unknown variant 'nope'; the recipe has: a, b (did you mean 'a'?)`: one line."""
+    choices = sorted(known)
+    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    listed = ", ".join(choices) if choices else "none"
+    return f"unknown {what} {name!r}; the recipe has: {listed}{hint}"
+
+
+def check_variants(loaded: Any, variants: Iterable[str] | None) -> None:
+    """`--variant NAME` names a pipeline of the loaded recipe: else exit 2 (RecipeError)
+    naming it, the recipe's pipelines and the closest one."""
+    from orchestrator.errors import RecipeError
+
+    pipelines = loaded.recipe.pipelines
+    for name in variants or ():
+        if name not in pipelines:
+            raise RecipeError(unknown_name_message("variant", name, pipelines),
+                              file=str(loaded.path), field="--variant")

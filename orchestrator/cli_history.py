@@ -3,7 +3,8 @@ each of the recipe's MLflow runs selected, with its size, accuracy (or fidelity)
 measured latency, oldest run first: a table on stdout (or JSON) and `history.png`.
 
 Exit codes: 0 shown, 2 bad input: the recipe, tracking unreachable, no runs recorded yet, a
-folder that cannot be written. The work is in orchestrator.history.
+folder that cannot be written or that holds another recipe's outputs (unless --force).
+The work is in orchestrator.history.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from orchestrator.errors import OrchestratorError
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from orchestrator import history, project
+    from orchestrator import history, output_folder, project
     from orchestrator.errors import OutputError
     from orchestrator.paths import writable_dir_problem
     from orchestrator.recipe import load_recipe
@@ -28,11 +29,15 @@ def cmd_history(args: argparse.Namespace) -> int:
         loaded = load_recipe(args.recipe, check_files=False)
         recipe = loaded.recipe
         root = project.project_root(loaded.path)
+        # the recipe's own folder, where `run` writes its outputs (one recipe, one folder)
         folder = project.output_dir(root, recipe.name, args.output)
         problem = writable_dir_problem(folder)  # before MLflow's import, not after
         if problem:
             raise OutputError(f"cannot write to the output folder (-o): {problem}",
                               file=str(folder))
+        # not into another recipe's outputs (its runs would delete the chart anyway)
+        output_folder.check(folder, output_folder.owner_of(recipe.name, loaded.path),
+                            args.force)
         evaluation = recipe.data.evaluation if recipe.data is not None else None
         metric = "accuracy" if evaluation is None or evaluation.labels else "fidelity"
         rows = history.history_rows(project.tracking_uri(root), recipe.name, args.recipe,
@@ -58,6 +63,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     history.add_argument("-o", "--output", default=None, metavar="FOLDER",
                          help="where history.png goes (default: out/<recipe name> in the "
                          "recipe's project)")
+    history.add_argument("--force", action="store_true",
+                         help="write history.png even into a folder that holds another "
+                         "recipe's outputs or other files")
     history.add_argument("--last", type=positive_int, default=None, metavar="N",
                          help="only the newest N runs")
     history.add_argument("--json", action="store_true",

@@ -150,26 +150,31 @@ def _task_run_name(node: Node) -> str:
       log_prints=False, validate_parameters=True)
 def recipe_flow(recipe: str, overrides: list[str] | None = None,
                 variants: list[str] | None = None, no_cache: bool = False,
-                output: str | None = None) -> dict[str, Any]:
+                output: str | None = None, force: bool = False) -> dict[str, Any]:
     """Run the recipe at `recipe` (with `--set` style `overrides`) and return its report.
 
     Raises OrchestratorError subclasses: exit 2 for bad input (before anything is written),
     3 for a failing stage (outputs of the failed run removed). `output` defaults to
-    out/<recipe name> under the recipe's project root."""
-    from orchestrator import project
+    out/<recipe name> under the recipe's project root; it is this recipe's folder, whose
+    contents the run replaces whole (another recipe's only with `force`: output_folder)."""
+    from orchestrator import output_folder, project
+    from orchestrator.cli_common import check_variants
     from orchestrator.execution import explain_failure
     from orchestrator.guard import GuardResult, apply_guard, guarded_pipelines
     from orchestrator.parallel import run_by_dependencies
     from orchestrator.recipe import load_recipe
-    from orchestrator.report import build_report, discard_outputs, write_outputs
+    from orchestrator.report import build_report, write_outputs
     from orchestrator.tracking_client import TrackingClient, TrackingError
 
     overrides = list(overrides or [])
     loaded = load_recipe(recipe, overrides)
     root = project.project_root(loaded.path)
     store_root = project.store_dir(root)
+    check_variants(loaded, variants)
     out_dir = project.output_dir(root, loaded.recipe.name, output)
     project.check_folders(out_dir, store_root, root)
+    project.check_output_owner(out_dir, loaded.recipe.name, loaded.path, root, force)
+    owner = output_folder.owner_of(loaded.recipe.name, loaded.path)
     # first: the tracking worker imports MLflow on the other core while the model loads
     tracker = TrackingClient(root=root)
     api_logs = _ApiLogs()
@@ -255,13 +260,14 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
                         guarded.verdict)
                     logging.getLogger("orchestrator.guard").warning(
                         guarded.verdict, extra=NOT_ON_CONSOLE)
-        write_outputs(out_dir, plan, session.data, outcomes, report)
+        with output_folder.replacing(out_dir, owner) as built:  # whole, or not at all
+            write_outputs(built, plan, session.data, outcomes, report)
         registry = tracker.finish(report, out_dir, loaded.path,
                                   register=loaded.recipe.register_candidate)
     except BaseException as exc:
         # first: a report from an earlier run must not pass for this failed one (CI gates
         # read it), even if recording the failure is interrupted too
-        discard_outputs(out_dir)
+        output_folder.discard(out_dir, owner)
         try:
             tracker.finish(None, None, loaded.path, failed=True)
         except Exception as tracking_exc:  # noqa: BLE001  (the run's own error is reported)
