@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from orchestrator.devices import PRESETS, estimate_latency_ms
+from orchestrator.estimates import estimate
 from orchestrator.model import ModelArtifact, TensorSpec
 from orchestrator.stages import get_stage
 from orchestrator.stages.base import EvaluationData, StageContext
@@ -84,17 +85,29 @@ def test_quantized_graph_counts_the_same_flops() -> None:
     result = run_benchmark(quantized, context(devices=devices), warmup=0, runs=1)
     assert result.info["flops"] == 2 * M * K * N
     assert result.info["precision"] == "int8"
+    basis = result.info["estimate_basis"]
+    assert basis["runtime"] == "tensorflow" and basis["ops"] == len(quantized.graph_def.node)
+    assert basis["host_p50_ms"] == result.info["latency_ms"]["p50"]
     for target, device in devices.items():
-        expected = estimate_latency_ms(2 * M * K * N, device, "int8")
-        assert result.info["est_latency_ms"][target] == pytest.approx(expected, abs=1e-4)
+        # the device's compute is the int8 FLOPs estimate; the runtime's measured cost adds
+        made = result.info["estimate"][target]
+        assert made["compute_ms"] == pytest.approx(
+            estimate_latency_ms(2 * M * K * N, device, "int8"), abs=1e-6)
+        assert result.info["est_latency_ms"][target] == pytest.approx(
+            estimate(2 * M * K * N, device, "int8", basis).latency_ms, abs=1e-4)
+        assert result.info["est_latency_ms"][target] >= made["compute_ms"]
+        assert made["host_p50_ms"] == basis["host_p50_ms"] and "int8" in made["method"]
 
 
 def test_estimates_per_target_and_peak_memory() -> None:
     devices = {"pi": PRESETS["raspberry-pi-3"]}
     result = run_benchmark(matmul_artifact(), context(devices=devices), warmup=0, runs=2)
     assert result.info["precision"] == "float32"
+    made = result.info["estimate"]["pi"]
+    assert made["compute_ms"] == pytest.approx(2 * K * N / 5e9 * 1000, abs=1e-6)
     assert result.info["est_latency_ms"]["pi"] == pytest.approx(
-        2 * K * N / 5e9 * 1000, abs=1e-4)
+        made["compute_ms"] + made["overhead_ms"], abs=1e-4)
+    assert result.metrics["est_latency_ms.pi"] == result.info["est_latency_ms"]["pi"]
     weights, feed, output = K * N * 4, K * 4, N * 4
     assert result.info["peak_memory_bytes"] == weights + feed + output
     assert "peak_memory_bytes" not in run_benchmark(matmul_artifact(), warmup=0, runs=1,
