@@ -162,6 +162,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _print_where(report: dict, recipe_arg: str) -> None:
     """Where this run's records are, and how to look at them (URL credentials hidden)."""
+    from orchestrator.cli_common import command_hint
     from orchestrator.tracking_common import redact
 
     where = report["locations"]
@@ -174,7 +175,7 @@ def _print_where(report: dict, recipe_arg: str) -> None:
         print(f"Not registered: {registry['refused']}")
     print(f"MLflow run {report['mlflow_run_id']} (tracking: {redact(where['tracking'])}); "
           f"store: {redact(str(where['store']))}")
-    print(f"Dashboards: orchestrator ui {recipe_arg}")
+    print(f"Dashboards: {command_hint('ui', recipe_arg)}")
 
 
 def cmd_server(args: argparse.Namespace) -> int:

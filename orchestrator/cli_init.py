@@ -102,7 +102,9 @@ def cmd_init(args: argparse.Namespace) -> int:
         print("no data yet: the stages that need it (evaluate, log_ranges, freeze_ranges) and "
               "the litert_int8 pipeline are commented out; fill in the data section (or run "
               "init again with --data FILE.npz) to turn them on")
-    print(f"next: orchestrator validate {output} && orchestrator run {output}")
+    from orchestrator.cli_common import command_hint
+
+    print(f"next: {command_hint('validate', output)} && {command_hint('run', output)}")
     return 0
 
 

@@ -129,7 +129,9 @@ def _serve_command(args: argparse.Namespace) -> str:
     deployments again, as serve is told."""
     import shlex
 
-    words = ["orchestrator", "serve", *map(str, args.recipes)]
+    from orchestrator.cli_common import command_prefix
+
+    words = [*command_prefix(), "serve", *map(str, args.recipes)]
     for option, value in (("--cron", args.cron), ("--timezone", args.timezone)):
         if value is not None:
             words += [option, value]

@@ -97,8 +97,10 @@ def open_client(tracking_uri: str, recipe_name: str, recipe_arg: str) -> MlflowC
 
 
 def no_runs(recipe_name: str, recipe_arg: str, where: str) -> HistoryError:
+    from orchestrator.cli_common import command_hint
+
     return HistoryError(f"no runs recorded for recipe {recipe_name!r} yet ({where}): run "
-                        f"`orchestrator run {recipe_arg}` first")
+                        f"`{command_hint('run', recipe_arg)}` first")
 
 
 def _tracking_failed(exc: Exception, tracking_uri: str) -> HistoryError:

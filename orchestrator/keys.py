@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator.cli_common import command_hint
 from orchestrator.errors import DataError
 
 DEFAULT_ENV = "ORCHESTRATOR_MODEL_KEY"
@@ -59,7 +60,7 @@ def parse_key(text: str | bytes, where: str) -> bytes:
     text = text.strip()
     if not text:
         raise KeyMaterialError(f"{where} is empty: it must hold a {KEY_BYTES}-byte key as "
-                               "base64 or hex (make one with `orchestrator keygen`)")
+                               f"base64 or hex (make one with `{command_hint('keygen')}`)")
     if _HEX.fullmatch(text):
         raw = bytes.fromhex(text)
     else:
@@ -84,7 +85,7 @@ def load_key(env_var: str = DEFAULT_ENV, key_file: Path | None = None,
             text = key_file.read_bytes()
         except FileNotFoundError:
             raise KeyMaterialError(f"{where} does not exist (make one with "
-                                   f"`orchestrator keygen -o {key_file}`)") from None
+                                   f"`{command_hint('keygen', '-o', key_file)}`)") from None
         except OSError as exc:
             raise KeyMaterialError(f"cannot read {where}: {exc.strerror}") from None
         return ModelKey(parse_key(text, where), source=where)
@@ -94,7 +95,7 @@ def load_key(env_var: str = DEFAULT_ENV, key_file: Path | None = None,
     if value is None:
         raise KeyMaterialError(f"no model key: set {env_var} to a {KEY_BYTES}-byte key as base64 "
                                "or hex, or name a key_file (make a key with "
-                               "`orchestrator keygen`)")
+                               f"`{command_hint('keygen')}`)")
     return ModelKey(parse_key(value, where), source=where)
 
 

@@ -297,8 +297,10 @@ def _launch_mlflow(dashboards: Dashboards, uri: str, port: int | None, root: Pat
         return
     db = _local_store(uri)
     if db is not None and not db.is_file():
+        from orchestrator.cli_common import command_hint
+
         raise OrchestratorError("no MLflow runs here yet; run a recipe first "
-                                "(orchestrator run RECIPE)", file=str(db))
+                                f"({command_hint('run', 'RECIPE')})", file=str(db))
     artifacts = db.parent / "artifacts" if db is not None else None
     dashboards.mlflow = MlflowUi.start(uri, artifacts, _pick_mlflow_port(port), root)
 
@@ -341,8 +343,10 @@ def _prefect_lines(dashboards: Dashboards, own: str | None, port: int | None) ->
         if port is not None and f":{port}/" not in ui:
             note += f"; it was running already, so --prefect-port {port} is not used"
     if _get(f"{ui}ui-settings")[0] != 200:
+        from orchestrator.cli_common import command_hint
+
         note += ("; it serves no UI (PREFECT_UI_ENABLED is off?): stop it with "
-                 "`orchestrator server stop` and run this again")
+                 f"`{command_hint('server', 'stop')}` and run this again")
     return [f"Prefect  {ui}runs", f"         {note}"]
 
 
@@ -361,8 +365,10 @@ def _serve(dashboards: Dashboards) -> int:
         server = dashboards.prefect
         if server is not None and not warned and not pid_alive(server.pid):
             warned = True
-            print("warning: the Prefect server stopped (orchestrator server stop?); the next "
-                  "run starts a new one", file=sys.stderr, flush=True)
+            from orchestrator.cli_common import command_hint
+
+            print(f"warning: the Prefect server stopped ({command_hint('server', 'stop')}?); "
+                  "the next run starts a new one", file=sys.stderr, flush=True)
 
 
 def add_parsers(sub: Any) -> None:

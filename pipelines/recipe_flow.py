@@ -374,6 +374,8 @@ def _link_mlflow_run(report: dict[str, Any], root: Path) -> None:
     outputs are written by now: a Prefect API that fails here costs the link only."""
     from prefect.artifacts import create_markdown_artifact
 
+    from orchestrator.cli_common import command_hint
+
     selected = ", ".join(f"{t}: {v or 'none within budgets'}"
                          for t, v in report["selected"].items()) or "no targets"
     try:
@@ -381,7 +383,7 @@ def _link_mlflow_run(report: dict[str, Any], root: Path) -> None:
             key="mlflow-run", description="The MLflow run of this flow run",
             markdown=f"MLflow run `{report['mlflow_run_id']}` in experiment "
                      f"`{report['recipe']}`.\n\nSelected: {selected}.\n\nOpen the "
-                     f"dashboards: `orchestrator ui {report.get('recipe_path', '')}` "
+                     f"dashboards: `{command_hint('ui', report.get('recipe_path', ''))}` "
                      f"(project {root}).")
     except Exception as exc:  # noqa: BLE001  (a missing link is no failed run)
         log.warning("could not link the MLflow run in Prefect: %s", exc)
