@@ -33,6 +33,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 import numpy as np  # noqa: E402
+from model_builds import deterministic  # noqa: E402  (tests/e2e, on sys.path)
 
 SEED = 1707
 RATE = 8000
@@ -104,11 +105,9 @@ def make(out: Path, epochs: int = 12, train: int = 2400) -> dict[str, float]:
     """Train, then write out/model.keras and out/data.npz; returns per-head test accuracy
     (thresholded at 0.5), the parameter count, epochs and training seconds."""
     import keras
-    import tensorflow as tf
 
     started = time.monotonic()
-    keras.utils.set_random_seed(SEED)
-    tf.config.experimental.enable_op_determinism()
+    deterministic(SEED)  # seeds, op determinism, one thread: the same weights every run
     rng = np.random.default_rng(SEED)
     x_train, y_train = make_clips(train, rng)
     x_test, y_test = make_clips(300, rng)

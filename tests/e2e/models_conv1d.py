@@ -19,6 +19,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 import numpy as np  # noqa: E402
+from model_builds import deterministic  # noqa: E402  (tests/e2e, on sys.path)
 
 SEED = 4321
 LENGTH = 256  # samples per signal
@@ -75,10 +76,8 @@ def make(out: Path, epochs: int = 8, train: int = 2000) -> dict[str, float]:
     """Train, then write out/model.keras and out/data.npz; returns per-head test accuracy
     (thresholded at 0.5) and the parameter count."""
     import keras
-    import tensorflow as tf
 
-    keras.utils.set_random_seed(SEED)
-    tf.config.experimental.enable_op_determinism()
+    deterministic(SEED)  # seeds, op determinism, one thread: the same weights every run
     rng = np.random.default_rng(SEED)
     x_train, tones_train, burst_train = make_signals(train, rng)
     x_test, tones_test, burst_test = make_signals(400, rng)

@@ -17,6 +17,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 import numpy as np  # noqa: E402
+from model_builds import deterministic  # noqa: E402  (tests/e2e, on sys.path)
 
 SEED = 7
 BAD_LAYER = "conv2"
@@ -27,13 +28,11 @@ def make(out: Path, epochs: int = 10) -> dict[str, float]:
     """Train, plant the outlier, write out/model.keras and out/data.npz; returns the float
     accuracy before and after planting."""
     import keras
-    import tensorflow as tf
     from keras import layers
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
-    keras.utils.set_random_seed(SEED)
-    tf.config.experimental.enable_op_determinism()
+    deterministic(SEED)  # seeds, op determinism, one thread: the same weights every run
     digits = load_digits()
     images = (digits.images.astype(np.float32) / 16.0)[..., None]
     x_train, x_test, y_train, y_test = train_test_split(

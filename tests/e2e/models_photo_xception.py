@@ -27,6 +27,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 import numpy as np  # noqa: E402
+from model_builds import deterministic  # noqa: E402  (tests/e2e, on sys.path)
 
 SEED = 2017
 SIZE = 64
@@ -110,10 +111,8 @@ def make(out: Path, epochs: int = EPOCHS) -> dict[str, float]:
     """Train, then write out/model.keras and out/data.npz; returns accuracy, params and
     epochs."""
     import keras
-    import tensorflow as tf
 
-    keras.utils.set_random_seed(SEED)
-    tf.config.experimental.enable_op_determinism()
+    deterministic(SEED)  # seeds, op determinism, one thread: the same weights every run
     images = photos()
     x_train, y_train = crops(images, TRAIN_PER_CLASS, SEED)
     x_calib, _ = crops(images, CALIB_PER_CLASS, SEED + 1)

@@ -21,6 +21,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 import numpy as np  # noqa: E402
+from model_builds import deterministic  # noqa: E402  (tests/e2e, on sys.path)
 
 SEED = 1234
 SIZE = 32             # input side, after upscaling digits' 8x8
@@ -95,10 +96,8 @@ def make(out: Path, epochs: int = EPOCHS) -> dict[str, float]:
     """Train, then write out/model.keras and out/data.npz; returns accuracy, params and
     epochs."""
     import keras
-    import tensorflow as tf
 
-    keras.utils.set_random_seed(SEED)
-    tf.config.experimental.enable_op_determinism()
+    deterministic(SEED)  # seeds, op determinism, one thread: the same weights every run
     x_train, x_test, y_train, y_test = load_data()
     model = build_model()
     model.compile(optimizer=keras.optimizers.Adam(3e-3),
