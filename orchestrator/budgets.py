@@ -12,11 +12,52 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.formatting import MIB, format_ms, format_size
 from orchestrator.stages.evaluate import OUTPUT_METRICS, output_names, safe_name
 
 # max_size_mb and max_ram_mb are in MiB (1,048,576 bytes): what phones and their app stores
-# report; messages say MiB
-MB = 1024 * 1024
+# report; messages, tables and the page say MiB (orchestrator.formatting)
+MB = MIB
+
+# What a violation broke: the report marks that budget's cell (size, latency, RAM, accuracy
+# drop, fidelity, SQNR, another per-output figure), never another one.
+SIZE, LATENCY, RAM = "size", "latency", "ram"
+ACCURACY, FIDELITY, SQNR, OUTPUT = "accuracy", "fidelity", "sqnr", "output"
+KINDS = (SIZE, LATENCY, RAM, ACCURACY, FIDELITY, SQNR, OUTPUT)
+
+
+class Violation(str):
+    """A readable violation that knows which budget it broke (`kind`, one of KINDS). It is
+    its message wherever a string is wanted: report.json's `violations`, `promote`'s lines,
+    the guard's trials."""
+
+    kind: str
+
+    def __new__(cls, message: str, kind: str) -> Violation:
+        if kind not in KINDS:
+            raise ValueError(f"unknown violation kind {kind!r}")
+        made = super().__new__(cls, message)
+        made.kind = kind
+        return made
+
+    def __getnewargs__(self) -> tuple[str, str]:  # type: ignore[override]  (pickle, copy)
+        return str(self), self.kind
+
+
+def broken_kinds(violations: Sequence[str]) -> list[str]:
+    """The kinds of budget that `violations` broke, once each, in KINDS order (a plain
+    string, from an older report, counts as none)."""
+    found = {getattr(v, "kind", None) for v in violations}
+    return [kind for kind in KINDS if kind in found]
+
+
+def _digits_apart(value: float, limit: float, show: Any) -> tuple[str, str]:
+    """`value` and `limit` shown by `show(x, digits)` with 3 significant digits, more when
+    3 would print them equal (1.0004 MiB over a 1 MiB budget)."""
+    digits = 3
+    while show(value, digits) == show(limit, digits) and digits < 9:
+        digits += 1
+    return show(value, digits), show(limit, digits)
 
 # What one unit of shortfall is, per kind of figure: a point of accuracy or agreement, a
 # dB of SQNR, a thousandth of cosine. Summed, they rank two trials of one pipeline.
@@ -35,6 +76,7 @@ class _Check:
     shortfall: float  # 0.0 when it holds
     order: int  # headline priority when every budget holds (lower first)
     value: float = 0.0  # among checks of one order, the lowest value is the headline
+    kind: str = OUTPUT  # the budget it checks (Violation.kind)
 
 
 def _outputs(metrics: Mapping[str, Any]) -> dict[str, dict[str, float]]:
@@ -48,23 +90,23 @@ def _outputs(metrics: Mapping[str, Any]) -> dict[str, dict[str, float]]:
 
 
 def _at_least(name: str, figure: str, value: float, limit: float, unit: float, order: int,
-              fmt: str = ".4f") -> _Check:
+              kind: str, fmt: str = ".4f") -> _Check:
     text = f"{figure} {value:{fmt}}"
     short = max(0.0, limit - value)
     return _Check(text, f"{text} < {name} {limit:g}" if value < limit else None,
-                  short / unit, order, value)
+                  short / unit, order, value, kind)
 
 
 def _at_most(name: str, figure: str, value: float, limit: float, unit: float, order: int,
-             fmt: str = ".4f") -> _Check:
+             kind: str, fmt: str = ".4f") -> _Check:
     text = f"{figure} {value:{fmt}}"
     over = max(0.0, value - limit)
     return _Check(text, f"{text} > {name} {limit:g}" if value > limit else None,
-                  over / unit, order, -value)
+                  over / unit, order, -value, kind)
 
 
-def _missing(text: str, order: int) -> _Check:
-    return _Check(text, text, _NOT_MEASURED, order)
+def _missing(text: str, order: int, kind: str) -> _Check:
+    return _Check(text, text, _NOT_MEASURED, order, kind=kind)
 
 
 def _checks(metrics: Mapping[str, Any], budgets: Any) -> list[_Check]:
@@ -72,40 +114,41 @@ def _checks(metrics: Mapping[str, Any], budgets: Any) -> list[_Check]:
     drop, fidelity = metrics.get("accuracy_drop"), metrics.get("fidelity")
     if budgets.max_accuracy_drop is not None:
         checks.append(_missing("accuracy_drop not measured: add evaluate (with labelled data) "
-                               "to the pipeline", 0) if drop is None else
+                               "to the pipeline", 0, ACCURACY) if drop is None else
                       _at_most("max_accuracy_drop", "accuracy drop", drop,
-                               budgets.max_accuracy_drop, _AGREEMENT_UNIT, 0))
+                               budgets.max_accuracy_drop, _AGREEMENT_UNIT, 0, ACCURACY))
     outputs = _outputs(metrics)
     per_output: Mapping[str, Any] = getattr(budgets, "outputs", None) or {}
     own = {safe_name(name): b for name, b in per_output.items()}
     if getattr(budgets, "min_sqnr_db", None) is not None:
         others = [o for o, f in outputs.items() if "top1_agreement" not in f]
         if not outputs:
-            checks.append(_missing("SQNR not measured: add evaluate to the pipeline", 1))
+            checks.append(_missing("SQNR not measured: add evaluate to the pipeline", 1, SQNR))
         elif not others:
             checks.append(_missing("min_sqnr_db: every output is class scores (set "
-                                   "outputs.<name>.min_sqnr_db for one of them)", 1))
+                                   "outputs.<name>.min_sqnr_db for one of them)", 1, SQNR))
         for output in others:
             if own.get(output) is None or own[output].min_sqnr_db is None:
                 checks.append(_sqnr(output, outputs[output], budgets.min_sqnr_db))
     for name, budget in per_output.items():
         checks += _output_checks(name, budget, outputs)
     if budgets.min_fidelity is not None:
-        checks.append(_missing("fidelity not measured: add evaluate to the pipeline", 2)
-                      if fidelity is None else
+        checks.append(_missing("fidelity not measured: add evaluate to the pipeline", 2,
+                               FIDELITY) if fidelity is None else
                       _at_least("min_fidelity", "fidelity", fidelity, budgets.min_fidelity,
-                                _AGREEMENT_UNIT, 2))
+                                _AGREEMENT_UNIT, 2, FIDELITY))
     return checks
 
 
 def _sqnr(output: str, figures: Mapping[str, float], limit: float,
           name: str = "min_sqnr_db") -> _Check:
     if "sqnr_db" not in figures:
-        return _missing(f"SQNR of output {output!r} not measured (an integer output)", 1)
+        return _missing(f"SQNR of output {output!r} not measured (an integer output)", 1,
+                        SQNR)
     value = figures["sqnr_db"]
     text = f"SQNR {value:.1f} dB ({output})"
     return _Check(text, f"{text} < {name} {limit:g}" if value < limit else None,
-                  max(0.0, limit - value) / _SQNR_UNIT_DB, 1, value)
+                  max(0.0, limit - value) / _SQNR_UNIT_DB, 1, value, SQNR)
 
 
 def _output_checks(name: str, budget: Any, outputs: Mapping[str, Mapping[str, float]]
@@ -115,7 +158,7 @@ def _output_checks(name: str, budget: Any, outputs: Mapping[str, Mapping[str, fl
     prefix = f"outputs.{name}"
     if key not in outputs:
         known = ", ".join(outputs) or "none measured: add evaluate to the pipeline"
-        return [_missing(f"{prefix}: no such output measured (outputs: {known})", 3)]
+        return [_missing(f"{prefix}: no such output measured (outputs: {known})", 3, OUTPUT)]
     figures = outputs[key]
     checks: list[_Check] = []
     if budget.min_sqnr_db is not None:
@@ -131,20 +174,21 @@ def _output_checks(name: str, budget: Any, outputs: Mapping[str, Mapping[str, fl
         if metric not in figures:
             checks.append(_missing(f"{prefix}.{field}: output {key!r} has no {figure} figure"
                                    + (" (neither class scores nor probabilities)"
-                                      if field == "min_agreement" else ""), 3))
+                                      if field == "min_agreement" else ""), 3, OUTPUT))
         elif at_least:
             checks.append(_at_least(f"{prefix}.{field}", f"{figure} ({key})", figures[metric],
-                                    limit, unit, 3))
+                                    limit, unit, 3, OUTPUT))
         else:  # max abs error: in units of its own limit
             checks.append(_at_most(f"{prefix}.{field}", f"{figure} ({key})", figures[metric],
-                                   limit, max(limit, 1e-12), 3, ".4g"))
+                                   limit, max(limit, 1e-12), 3, OUTPUT, ".4g"))
     return checks
 
 
-def quality_violations(metrics: Mapping[str, Any], budgets: Any) -> list[str]:
+def quality_violations(metrics: Mapping[str, Any], budgets: Any) -> list[Violation]:
     """Readable violations of the quality budgets (accuracy drop, fidelity, SQNR and the
     per-output ones) by evaluate's metrics (the accuracy guard searches until none is left)."""
-    return [c.violation for c in _checks(metrics, budgets) if c.violation is not None]
+    return [Violation(c.violation, c.kind) for c in _checks(metrics, budgets)
+            if c.violation is not None]
 
 
 def quality_shortfall(metrics: Mapping[str, Any], budgets: Any) -> float:
@@ -217,31 +261,39 @@ def check_output_budgets(loaded: Any, outputs: Sequence[str], metadata: Mapping[
 
 
 def check_budgets(variant: Mapping[str, Any], budgets: Any, est_latency_ms: float | None,
-                  device: Any = None) -> list[str]:
-    """Readable violations of one target's budgets, and of the device's own RAM limit
-    (empty when all are met)."""
-    violations: list[str] = []
-    if device is not None and variant["ram_bytes"] / MB > device.ram_limit_mb:
-        violations.append(f"RAM {variant['ram_bytes'] / MB:.2f} MiB ({variant['ram_source']})"
-                          f" > the device's limit of {device.ram_limit_mb:g} MiB")
+                  device: Any = None) -> list[Violation]:
+    """Violations of one target's budgets, and of the device's own RAM limit (empty when
+    all are met): each a readable message that knows which budget it broke (`kind`).
+    Sizes and RAM in MiB, the unit of max_size_mb and max_ram_mb."""
+    violations: list[Violation] = []
 
-    def measured(value: Any, what: str, how: str) -> bool:
-        if value is None:
-            violations.append(f"{what} not measured: add {how} to the pipeline")
-            return False
-        return True
+    def mib(value: float, digits: int) -> str:
+        return format_size(value * MB, digits, unit=False)
+
+    if device is not None and variant["ram_bytes"] / MB > device.ram_limit_mb:
+        ram, limit = _digits_apart(variant["ram_bytes"] / MB, device.ram_limit_mb, mib)
+        violations.append(Violation(f"RAM {ram} MiB ({variant['ram_source']}) > the device's "
+                                    f"limit of {limit} MiB", RAM))
 
     if budgets.max_size_mb is not None:
         size_mb = variant["size_bytes"] / MB
         if size_mb > budgets.max_size_mb:
-            violations.append(f"size {size_mb:.3f} MiB > max_size_mb {budgets.max_size_mb}")
+            size, _ = _digits_apart(size_mb, budgets.max_size_mb, mib)
+            violations.append(Violation(f"size {size} MiB > max_size_mb "
+                                        f"{budgets.max_size_mb:g} MiB", SIZE))
     violations += quality_violations(variant_quality_metrics(variant), budgets)
-    if budgets.max_latency_ms is not None and measured(est_latency_ms, "latency", "benchmark"):
-        if est_latency_ms > budgets.max_latency_ms:  # type: ignore[operator]
-            violations.append(f"estimated latency {est_latency_ms:.3f} ms > max_latency_ms "
-                              f"{budgets.max_latency_ms}")
+    if budgets.max_latency_ms is not None:
+        if est_latency_ms is None:
+            violations.append(Violation("latency not measured: add benchmark to the pipeline",
+                                        LATENCY))
+        elif est_latency_ms > budgets.max_latency_ms:
+            est, _ = _digits_apart(est_latency_ms, budgets.max_latency_ms, format_ms)
+            violations.append(Violation(f"estimated latency {est} > max_latency_ms "
+                                        f"{budgets.max_latency_ms:g} ms", LATENCY))
     if budgets.max_ram_mb is not None:
         ram_mb = variant["ram_bytes"] / MB
         if ram_mb > budgets.max_ram_mb:
-            violations.append(f"RAM {ram_mb:.2f} MiB > max_ram_mb {budgets.max_ram_mb}")
+            ram, _ = _digits_apart(ram_mb, budgets.max_ram_mb, mib)
+            violations.append(Violation(f"RAM {ram} MiB > max_ram_mb {budgets.max_ram_mb:g} "
+                                        "MiB", RAM))
     return violations

@@ -9,6 +9,8 @@ from pydantic import ValidationError
 
 from orchestrator.budgets import (
     MB,
+    Violation,
+    broken_kinds,
     check_budgets,
     has_quality_budgets,
     quality_headline,
@@ -106,6 +108,45 @@ def test_check_budgets_reads_the_variants_per_output_metrics() -> None:
     assert check_budgets(variant, Budgets(min_sqnr_db=20, max_size_mb=1), None) == [
         "SQNR 18.5 dB (onset) < min_sqnr_db 20"]
     assert check_budgets(variant, Budgets(min_fidelity=0.99), None) == []
+
+
+def test_each_violation_knows_the_budget_it_broke() -> None:
+    variant = {"size_bytes": 2 * MB, "ram_bytes": MB, "ram_source": "model size",
+               "accuracy_drop": 0.05, "fidelity": 0.5,
+               "outputs": [{"name": "onset", "kind": "probabilities", "sqnr_db": 18.5,
+                            "cosine": 0.5}]}
+    budgets = Budgets(max_size_mb=1, min_sqnr_db=20, outputs={"onset": {"min_cosine": 0.9}})
+    found = check_budgets(variant, budgets, 0.5)
+    assert [v.kind for v in found] == ["size", "sqnr", "output"]
+    assert broken_kinds(found) == ["size", "sqnr", "output"]
+    # only the size broke: the latency is not marked
+    assert broken_kinds(check_budgets(variant, Budgets(max_size_mb=1, max_latency_ms=1), 0.5)
+                        ) == ["size"]
+    assert broken_kinds(check_budgets(variant, Budgets(max_latency_ms=0.1), 0.5)) == [
+        "latency"]
+    assert broken_kinds(["a plain string from an older report"]) == []
+    with pytest.raises(ValueError, match="unknown violation kind"):
+        Violation("x", "colour")
+
+
+def test_a_violation_is_its_message_and_survives_pickling() -> None:
+    import copy
+    import json
+    import pickle
+
+    found = Violation("size 2.00 MiB > max_size_mb 1 MiB", "size")
+    again = pickle.loads(pickle.dumps(found))
+    assert again == found and again.kind == "size" and copy.deepcopy(found).kind == "size"
+    assert json.dumps([found]) == '["size 2.00 MiB > max_size_mb 1 MiB"]'
+
+
+def test_a_size_just_over_its_budget_shows_the_digits_that_break_it() -> None:
+    variant = {"size_bytes": MB + 400, "ram_bytes": 0, "ram_source": "model size"}
+    [found] = check_budgets(variant, Budgets(max_size_mb=1), None)
+    # three digits would print "1.00 MiB > 1": contradicting itself
+    assert found == "size 1.0004 MiB > max_size_mb 1 MiB"
+    [slow] = check_budgets({**variant, "size_bytes": 1}, Budgets(max_latency_ms=0.05), 0.0569)
+    assert slow == "estimated latency 56.9 µs > max_latency_ms 0.05 ms"
 
 
 def test_budgets_model() -> None:

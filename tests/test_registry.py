@@ -101,12 +101,12 @@ def test_gate_check_uses_the_recipes_current_budgets_and_device(project: Path) -
     tight = load_recipe(project, ["targets.0.budgets.max_size_mb=0.25"]).recipe.targets[0]
     check = gate_check(run_report, tight, resolve_device(tight.device))
     assert check.variant == "int8"
-    assert check.violations == ["size 0.270 MiB > max_size_mb 0.25"]
+    assert check.violations == ["size 0.270 MiB > max_size_mb 0.25 MiB"]
     # a slower device: the latency estimate is recomputed from the variant's FLOPs
     slow = load_recipe(project, ["targets.0.device=raspberry-pi-3",
                                  "targets.0.budgets.max_latency_ms=0.1"]).recipe.targets[0]
     check = gate_check(run_report, slow, resolve_device(slow.device))
-    assert check.violations == ["estimated latency 0.118 ms > max_latency_ms 0.1"]
+    assert check.violations == ["estimated latency 118 µs > max_latency_ms 0.1 ms"]
 
 
 def test_compare_flags_only_drops_beyond_the_tolerance() -> None:
@@ -248,7 +248,7 @@ def test_promote_refuses_a_candidate_that_a_tightened_budget_breaks(
     registered = client.get_registered_model("digits-test")
     assert "production" not in registered.aliases
     assert client.get_model_version("digits-test", "1").tags[
-        "promote.production.refused"] == "phone: size 0.270 MiB > max_size_mb 0.25"
+        "promote.production.refused"] == "phone: size 0.270 MiB > max_size_mb 0.25 MiB"
 
 
 def test_promote_without_a_candidate_is_exit_2(
