@@ -1,29 +1,44 @@
 """The report's pictures, as PNG bytes, from report.json alone (matplotlib, no display).
 
-- `latency.png`: a histogram of the host's measured run times per pipeline;
-- `op_time.png`: measured time per op type per pipeline, from the benchmark's profile;
+- `latency.png`: a histogram of the host's measured run times per pipeline (a log axis
+  where a few slow runs would squash the rest into one bar);
+- `op_time.png`: measured time per op type per pipeline, from the benchmark's profile
+  (pipelines without one, such as LiteRT's, are named in one line instead of a panel);
 - `tradeoff.png`: per target, size against accuracy (or fidelity) of every variant, each
-  marked with its *estimated* device latency, the target's budget lines, the selected one
-  ringed;
+  coloured by its *estimated* device latency (with a colour bar), the target's budget
+  lines, the selected one ringed; variants that would sit on one dot are drawn side by
+  side with one label;
 - `layer_errors.png`: per 8-bit variant, each layer's own error (rmse/scale) as the
-  diagnostics measured it, flagged layers in red.
+  diagnostics measured it, flagged layers in red, named as everywhere else
+  (formatting.layer_names).
 
-Measured figures (the host's) and estimates (FLOPs on the device) are named apart in
-every title and axis. Nothing here is imported by a stage.
+Measured figures (the host's) and estimates (the device's) are named apart in every title
+and axis. Each picture is drawn as a matplotlib Figure first (`*_figure`, which the tests
+read back), then saved. Nothing here is imported by a stage.
 """
 
 from __future__ import annotations
 
 import io
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from orchestrator.formatting import MIB, format_ms, format_size, layer_names
 
 # A layer's error above this many quantization steps is flagged (see layer_errors).
 FLAG_ABOVE = 0.7
 ROUNDING_ALONE = 0.29  # 1/sqrt(12): the error of rounding alone
 MAX_LAYERS_SHOWN = 20
 MAX_OP_TYPES_SHOWN = 8
+LAYER_NAME_WIDTH = 34  # characters of a layer's name on the axis
+DPI = 110
+# A histogram whose slowest run is this many times its median gets a log axis: on a
+# linear one, a few slow runs (a cold cache, a busy core) squash the rest into one bar.
+LOG_SPREAD = 3.0
+MARKER_SIZE = 64  # scatter's s: points squared, so the marker is 8 pt across
+DODGE_PT = 11.0  # variants drawn side by side are this far apart
+CLUSTER_PT = 10.0  # markers closer than this would hide each other: a cluster
 
 
 def pyplot() -> Any:
@@ -36,9 +51,10 @@ def pyplot() -> Any:
     return plt
 
 
-def _png(figure: Any) -> bytes:
+def png(figure: Any) -> bytes:
+    """The figure as PNG bytes; the figure is closed."""
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    figure.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
     pyplot().close(figure)
     return buffer.getvalue()
 
@@ -48,58 +64,155 @@ def _grid(count: int, width: float = 4.2, height: float = 2.8) -> tuple[Any, lis
     columns = min(count, 3)
     rows = math.ceil(count / columns)
     figure, axes = plt.subplots(rows, columns, figsize=(width * columns, height * rows),
-                                squeeze=False, layout="constrained")
+                                squeeze=False, layout="constrained", dpi=DPI)
     flat = [ax for row in axes for ax in row]
     for ax in flat[count:]:
         ax.set_visible(False)
     return figure, flat[:count]
 
 
-def latency_histograms(variants: Mapping[str, Any]) -> bytes | None:
-    measured = {name: v["latency_runs_ms"] for name, v in variants.items()
+def _ms_axis(largest_ms: float) -> tuple[str, float]:
+    """The unit an axis of timings reads best in, and the factor from ms: µs below 1 ms
+    (as formatting.format_ms writes them)."""
+    return ("µs", 1000.0) if largest_ms < 1.0 else ("ms", 1.0)
+
+
+def _plain(value: float, _: Any = None) -> str:
+    """A tick label of a log axis: 0.5, 1, 20, not powers of ten."""
+    return f"{value:g}"
+
+
+# --- latency.png
+
+
+def latency_figure(variants: Mapping[str, Any]) -> Any | None:
+    import numpy as np
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    measured = {name: [float(x) for x in v["latency_runs_ms"]] for name, v in variants.items()
                 if v.get("latency_runs_ms")}
     if not measured:
         return None
     figure, axes = _grid(len(measured))
     for ax, (name, runs) in zip(axes, measured.items(), strict=True):
         stats = variants[name].get("latency_ms") or {}
-        ax.hist(runs, bins=min(30, max(5, len(runs) // 3)), color="#4c72b0")
+        unit, factor = _ms_axis(float(np.percentile(runs, 99)))
+        values = np.asarray(runs) * factor
+        low, high = float(values.min()), float(values.max())
+        middle = float(np.median(values))
+        log = low > 0 and high / middle > LOG_SPREAD
+        bins = min(40, max(10, len(runs) // 2)) if log else min(30, max(5, len(runs) // 3))
+        if high <= low:  # every run alike: one bar, with room either side
+            edges = np.linspace(low * 0.95, high * 1.05 if high else 1.0, bins + 1)
+        elif log:
+            edges = np.geomspace(low, high, bins + 1)
+        else:
+            edges = np.linspace(low, high, bins + 1)
+        ax.hist(values, bins=edges, color="#4c72b0")
+        if log:
+            ax.set_xscale("log")
+            ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            ax.xaxis.set_major_formatter(FuncFormatter(_plain))
+            ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlim(edges[0], edges[-1])  # the runs' own range: no margin past the slowest
+        for key, style in (("p50", "--"), ("p99", ":")):
+            if stats.get(key) is not None:
+                ax.axvline(stats[key] * factor, color="#c44e52", linestyle=style,
+                           label=f"{key} {format_ms(stats[key])}")
         if stats.get("p50") is not None:
-            ax.axvline(stats["p50"], color="#c44e52", linestyle="--",
-                       label=f"p50 {stats['p50']:.3f} ms")
             ax.legend(fontsize=8)
         threads = variants[name].get("threads")
+        scale = (f", log scale (slowest run {high / middle:.0f}x the median)" if log else "")
         ax.set_title(f"{name}: {len(runs)} runs, {threads} thread(s)", fontsize=9)
-        ax.set_xlabel("host latency, ms (measured)", fontsize=8)
+        ax.set_xlabel(f"host latency, {unit} (measured){scale}", fontsize=8)
         ax.set_ylabel("runs", fontsize=8)
+        ax.tick_params(labelsize=7)
     figure.suptitle("Latency measured on this host, per pipeline", fontsize=11)
-    return _png(figure)
+    return figure
+
+
+def latency_histograms(variants: Mapping[str, Any]) -> bytes | None:
+    figure = latency_figure(variants)
+    return None if figure is None else png(figure)
+
+
+# --- op_time.png
+
+
+def op_time_figure(variants: Mapping[str, Any]) -> Any | None:
+    profiled = {name: v["profile"]["by_node_type"][:MAX_OP_TYPES_SHOWN]
+                for name, v in variants.items()
+                if (v.get("profile") or {}).get("by_node_type")}
+    if not profiled:
+        return None
+    # a pipeline the benchmark could not profile gets one line, not an empty panel
+    missing: dict[str, str] = {name: (v["profile"].get("note") or "no per-op profile")
+                               for name, v in variants.items()
+                               if v.get("profile") and name not in profiled}
+    figure, axes = _grid(len(profiled), height=3.0)
+    for ax, (name, rows) in zip(axes, profiled.items(), strict=True):
+        rows = rows[::-1]  # the slowest on top
+        unit, factor = _ms_axis(max(r["avg ms"] for r in rows))
+        values = [r["avg ms"] * factor for r in rows]
+        positions = list(range(len(rows)))
+        ax.barh(positions, values, color="#55a868")
+        ax.set_yticks(positions, [r["node type"] for r in rows])
+        for y, value, row in zip(positions, values, rows, strict=True):
+            if row.get("avg %") is not None:
+                ax.annotate(f"{row['avg %']:.0f}%", (value, y), xytext=(3, 0),
+                            textcoords="offset points", va="center", fontsize=7)
+        ax.margins(x=0.12)  # room for the shares
+        ax.set_title(f"{name}: time per op type", fontsize=9)
+        ax.set_xlabel(f"{unit} per run, measured (TF step stats)", fontsize=8)
+        ax.tick_params(labelsize=7)
+    figure.suptitle("Where the time goes, measured on this host", fontsize=11)
+    if missing:
+        notes = list(dict.fromkeys(missing.values()))
+        why = notes[0] if len(notes) == 1 else "; ".join(f"{n}: {missing[n]}" for n in missing)
+        figure.supxlabel(_wrap(f"Not shown, no per-op profile: {', '.join(missing)}"
+                               + (f" ({why})" if why else ""), 150), fontsize=8,
+                         color="dimgrey")
+    return figure
 
 
 def op_time_bars(variants: Mapping[str, Any]) -> bytes | None:
-    profiled = {name: v["profile"] for name, v in variants.items() if v.get("profile")}
-    if not profiled:
+    figure = op_time_figure(variants)
+    return None if figure is None else png(figure)
+
+
+# --- tradeoff.png
+
+
+def _norm(estimates: Iterable[float]) -> Any | None:
+    """The colour scale of estimated latencies: logarithmic when they span more than a
+    factor of 10 (a linear one paints all but the slowest the same colour)."""
+    from matplotlib.colors import LogNorm, Normalize
+
+    values = [v for v in estimates if v is not None and v > 0]
+    if not values:
         return None
-    figure, axes = _grid(len(profiled), height=3.2)
-    for ax, (name, profile) in zip(axes, profiled.items(), strict=True):
-        rows = (profile.get("by_node_type") or [])[:MAX_OP_TYPES_SHOWN]
-        if not rows:
-            ax.text(0.5, 0.5, "no per-op profile:\n" + _wrap(profile.get("note") or ""),
-                    ha="center", va="center", fontsize=8, transform=ax.transAxes)
-            ax.set_axis_off()
-            ax.set_title(name, fontsize=9)
-            continue
-        labels = [r["node type"] for r in rows][::-1]
-        values = [r["avg ms"] for r in rows][::-1]
-        ax.barh(labels, values, color="#55a868")
-        ax.set_title(f"{name}: time per op type", fontsize=9)
-        ax.set_xlabel("ms per run, measured (step stats)", fontsize=8)
-        ax.tick_params(labelsize=7)
-    figure.suptitle("Where the time goes, measured on this host", fontsize=11)
-    return _png(figure)
+    low, high = min(values), max(values)
+    if high / low > 10:
+        return LogNorm(low, high)
+    if high == low:  # one value: a scale around it
+        return Normalize(low * 0.9, high * 1.1)
+    return Normalize(low, high)
 
 
-def tradeoff(report: Mapping[str, Any]) -> bytes | None:
+def _fraction_limits(values: Sequence[float]) -> tuple[float, float]:
+    """Room around the values, within [0, 1]: a fraction's axis never shows what it
+    cannot be."""
+    low, high = min(values), max(values)
+    span = max(high - low, 0.01)
+    return max(0.0, low - 0.2 * span), min(1.0, high + 0.2 * span)
+
+
+def tradeoff_figure(report: Mapping[str, Any]) -> Any | None:
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import LogNorm
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
     variants = report["variants"]
     targets = report.get("targets") or {}
     names = list(targets) or sorted({t for v in variants.values() for t in v["targets"]})
@@ -107,46 +220,171 @@ def tradeoff(report: Mapping[str, Any]) -> bytes | None:
         return None
     use_accuracy = any(v.get("accuracy") is not None for v in variants.values())
     quality_key = "accuracy" if use_accuracy else "fidelity"
-    figure, axes = _grid(len(names), width=5.0, height=3.8)
-    plt = pyplot()
+    figure, axes = _grid(len(names), width=5.6, height=4.4)
+    cmap = pyplot().get_cmap("viridis")
+    panels = []
     for ax, target in zip(axes, names, strict=True):
-        estimates = [v["targets"][target]["est_latency_ms"] for v in variants.values()
-                     if v["targets"].get(target, {}).get("est_latency_ms") is not None]
-        norm = plt.Normalize(min(estimates), max(estimates)) if estimates else None
-        placed: list[tuple[float, float]] = []  # labels of points that coincide stack up
-        for name, v in variants.items():
-            quality = v.get(quality_key)
-            if quality is None:
-                continue
-            size_kib = v["size_bytes"] / 1024
-            est = v["targets"].get(target, {}).get("est_latency_ms")
-            color = plt.cm.viridis(norm(est)) if (norm and est is not None) else "grey"
-            ax.scatter([size_kib], [quality], s=60, color=color, zorder=3)
-            label = name + (f", est. {est:.3f} ms" if est is not None else "")
-            near = sum(1 for x, y in placed if abs(x - size_kib) <= 0.05 * max(x, size_kib)
-                       and abs(y - quality) <= 0.002)
-            placed.append((size_kib, quality))
-            ax.annotate(label, (size_kib, quality), fontsize=7, xytext=(6, 4 + 10 * near),
-                        textcoords="offset points")
-            if (report.get("selected") or {}).get(target) == name:
-                ax.scatter([size_kib], [quality], s=260, facecolors="none",
-                           edgecolors="#c44e52", linewidths=2, zorder=4,
-                           label="selected")
+        points = [(name, v["size_bytes"] / MIB, float(v[quality_key]),
+                   v["targets"].get(target, {}).get("est_latency_ms"))
+                  for name, v in variants.items() if v.get(quality_key) is not None]
+        norm = _norm(p[3] for p in points)
         budgets = (targets.get(target) or {}).get("budgets") or {}
+        device = (targets.get(target) or {}).get("device") or _device(variants, target)
+        handles = [Line2D([], [], linestyle="", marker="o", markersize=13,
+                          markerfacecolor="none", markeredgecolor="#c44e52",
+                          markeredgewidth=2, label="selected")]
+        sizes = [p[1] for p in points]
+        qualities = [p[2] for p in points]
         if budgets.get("max_size_mb") is not None:
-            ax.axvline(budgets["max_size_mb"] * 1024, color="#c44e52", linestyle=":",
-                       label=f"max_size_mb {budgets['max_size_mb']}")
+            sizes.append(float(budgets["max_size_mb"]))
+            handles.append(ax.axvline(budgets["max_size_mb"], color="#c44e52", linestyle=":",
+                                      label=f"max_size_mb {budgets['max_size_mb']:g}"))
         floor = _quality_floor(variants, budgets, quality_key)
         if floor is not None:
-            ax.axhline(floor[0], color="#dd8452", linestyle=":", label=floor[1])
-        device = (targets.get(target) or {}).get("device", "")
-        ax.set_title(f"{target} ({device}): colour = est. latency (from FLOPs)", fontsize=9)
-        ax.set_xlabel("shipped size, KiB", fontsize=8)
+            qualities.append(floor[0])
+            handles.append(ax.axhline(floor[0], color="#dd8452", linestyle=":",
+                                      label=floor[1]))
+        if points:
+            ax.set_xlim(0.0, max(sizes) * 1.12)
+            ax.set_ylim(*_fraction_limits(qualities))
+        if norm is not None:
+            bar = figure.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, pad=0.02)
+            if isinstance(norm, LogNorm):
+                bar.ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+                bar.ax.yaxis.set_minor_formatter(NullFormatter())
+            bar.ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: format_ms(v)))
+            bar.set_label(f"estimated latency on {device} (not measured)", fontsize=8)
+            bar.ax.tick_params(labelsize=7)
+        chosen = (report.get("selected") or {}).get(target)
+        ax.set_title(f"{target} ({device}): "
+                     + (f"{chosen} selected" if chosen else "nothing selected"), fontsize=9)
+        ax.set_xlabel("shipped size, MiB", fontsize=8)
         ax.set_ylabel(f"{quality_key} (measured on the evaluation data)", fontsize=8)
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(handles=handles, fontsize=7, loc="upper center", ncol=3, frameon=False,
+                  bbox_to_anchor=(0.5, -0.13))
         ax.tick_params(labelsize=7)
-    figure.suptitle("Size against quality per target; budgets dotted", fontsize=11)
-    return _png(figure)
+        panels.append((ax, target, points, norm))
+    figure.suptitle("Size against quality per target: one dot per variant, coloured by its "
+                    "estimated latency; budgets dotted", fontsize=10)
+    figure.canvas.draw()  # the layout settles the axes' size, which the clustering reads
+    for ax, target, points, norm in panels:
+        _place_points(figure, ax, points, norm, cmap, (report.get("selected") or {}).get(
+            target))
+    return figure
+
+
+def _device(variants: Mapping[str, Any], target: str) -> str:
+    return next((str(v["targets"][target]["device"]) for v in variants.values()
+                 if (v["targets"].get(target) or {}).get("device")), "its device")
+
+
+def _clusters(ax: Any, points: Sequence[tuple[str, float, float, Any]], dpi: float
+              ) -> list[list[int]]:
+    """Indices of the points whose markers would overlap on `ax`, grouped (closer than
+    CLUSTER_PT, transitively), each group ordered by size, groups in the points' order."""
+    at = [ax.transData.transform((x, y)) * 72.0 / dpi for _, x, y, _ in points]
+    group = list(range(len(points)))
+
+    def root(i: int) -> int:
+        while group[i] != i:
+            i = group[i]
+        return i
+
+    for i in range(len(points)):
+        for j in range(i):
+            if math.dist(at[i], at[j]) < CLUSTER_PT:
+                group[root(i)] = root(j)
+    clusters: dict[int, list[int]] = {}
+    for i in range(len(points)):
+        clusters.setdefault(root(i), []).append(i)
+    return [sorted(members, key=lambda i: (points[i][1], points[i][0]))
+            for members in clusters.values()]
+
+
+def _place_points(figure: Any, ax: Any, points: Sequence[tuple[str, float, float, Any]],
+                  norm: Any, cmap: Any, selected: str | None) -> None:
+    """Each variant's dot; a cluster's side by side around its centre (sizes within a few
+    KiB would otherwise hide each other), with one label naming them left to right."""
+    from matplotlib.transforms import Bbox, offset_copy
+
+    renderer = figure.canvas.get_renderer()
+    scale = figure.dpi / 72.0  # display pixels per point
+    labels: list[Any] = []
+    obstacles: list[Any] = []
+    for members in _clusters(ax, points, figure.dpi):
+        x = sum(points[i][1] for i in members) / len(members)
+        y = sum(points[i][2] for i in members) / len(members)
+        offsets = [(k - (len(members) - 1) / 2) * DODGE_PT for k in range(len(members))]
+        lines = []
+        names = [points[i][0] for i in members]
+        for i, dx in zip(members, offsets, strict=True):
+            name, _, _, est = points[i]
+            shifted = offset_copy(ax.transData, fig=figure, x=dx, y=0, units="points")
+            color = cmap(norm(est)) if (norm is not None and est is not None) else "lightgrey"
+            ax.scatter([x], [y], s=MARKER_SIZE, color=color, edgecolors="black",
+                       linewidths=0.6, zorder=3, transform=shifted, clip_on=False)
+            if name == selected:
+                ax.scatter([x], [y], s=MARKER_SIZE * 4, facecolors="none",
+                           edgecolors="#c44e52", linewidths=2, zorder=4, transform=shifted,
+                           clip_on=False)
+            lines.append(f"{name}, est. {format_ms(est)}" if est is not None else name)
+        centre = ax.transData.transform((x, y))
+        radius = (math.sqrt(MARKER_SIZE * (4 if selected in names else 1)) / 2 + 1) * scale
+        for dx in offsets:  # the markers' boxes, for the labels to keep clear of
+            cx = centre[0] + dx * scale
+            obstacles.append(Bbox.from_extents(cx - radius, centre[1] - radius,
+                                               cx + radius, centre[1] + radius))
+        where = f"{len(lines)} variants at {format_size(x * MIB)}, left to right:"
+        text = "\n".join(lines if len(lines) == 1 else [where, *lines])
+        half = offsets[-1] + radius / scale + 2.0  # clear of the outermost marker
+        label = ax.annotate(text, (x, y), xytext=(half, 0), textcoords="offset points",
+                            fontsize=7, va="center", ha="left", zorder=5,
+                            arrowprops={"arrowstyle": "-", "color": "0.55", "lw": 0.6,
+                                        "shrinkA": 0, "shrinkB": radius / scale},
+                            bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "0.7",
+                                  "lw": 0.5, "alpha": 0.9})
+        label.set_in_layout(False)  # the layout is settled; a label must not move it
+        labels.append((label, half))
+    placed: list[Any] = []
+    axes_box = ax.get_window_extent(renderer)
+    for label, half in labels:
+        _clear(label, half, placed + obstacles, axes_box, renderer)
+        placed.append(text_box(label, renderer))
+
+
+def text_box(label: Any, renderer: Any) -> Any:
+    """Where a label's text is drawn, in display pixels: without its leader line (an
+    Annotation's own extent spans the line to its point too)."""
+    from matplotlib.text import Annotation, Text
+
+    if isinstance(label, Annotation):
+        label.update_positions(renderer)
+    return Text.get_window_extent(label, renderer)
+
+
+def _clear(label: Any, half: float, taken: Sequence[Any], axes_box: Any, renderer: Any
+           ) -> None:
+    """Move `label` off every box in `taken`: right of its dot, else left of it, stepping
+    up and down by its own height; it stays inside the axes where it can."""
+    box = text_box(label, renderer)
+    step = box.height * 72.0 / label.figure.dpi + 2.0
+    tries = [(side, k * step * sign) for k in range(0, 8) for sign in (1, -1)
+             for side in ("left", "right")]
+    best = None
+    for side, dy in tries:
+        label.set_ha(side)
+        label.xyann = (half if side == "left" else -half, dy)
+        box = text_box(label, renderer)
+        inside = (box.x0 >= axes_box.x0 and box.x1 <= axes_box.x1
+                  and box.y0 >= axes_box.y0 and box.y1 <= axes_box.y1)
+        clear = not any(box.overlaps(other) for other in taken)
+        if clear and inside:
+            return
+        if clear and best is None:
+            best = (side, dy)
+    if best is not None:  # clear of the others, if not inside
+        label.set_ha(best[0])
+        label.xyann = (half if best[0] == "left" else -half, best[1])
 
 
 def _quality_floor(variants: Mapping[str, Any], budgets: Mapping[str, Any],
@@ -163,34 +401,64 @@ def _quality_floor(variants: Mapping[str, Any], budgets: Mapping[str, Any],
     return None
 
 
-def layer_error_bars(variants: Mapping[str, Any]) -> bytes | None:
+def tradeoff(report: Mapping[str, Any]) -> bytes | None:
+    figure = tradeoff_figure(report)
+    return None if figure is None else png(figure)
+
+
+# --- layer_errors.png
+
+
+def _unique(labels: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Labels that two layers share get their op (then a count) added."""
+    out = []
+    for label, row in zip(labels, rows, strict=True):
+        if labels.count(label) > 1:
+            label = f"{label} [{row.get('op') or '?'}]"
+        while label in out:
+            label += "'"
+        out.append(label)
+    return out
+
+
+def layer_error_figure(variants: Mapping[str, Any]) -> Any | None:
     measured = {name: v["layer_errors"] for name, v in variants.items()
                 if v.get("layer_errors")}
     if not measured:
         return None
-    figure, axes = _grid(len(measured), width=5.5, height=4.0)
-    for ax, (name, rows) in zip(axes, measured.items(), strict=True):
-        worst = sorted(rows, key=lambda r: r.get("rmse_over_scale") or 0.0,
-                       reverse=True)[:MAX_LAYERS_SHOWN][::-1]
-        labels = [_short(r["node"]) for r in worst]
+    shown = {name: sorted(rows, key=lambda r: r.get("rmse_over_scale") or 0.0,
+                          reverse=True)[:MAX_LAYERS_SHOWN][::-1]
+             for name, rows in measured.items()}
+    height = max(3.2, 0.3 * max(len(rows) for rows in shown.values()) + 1.6)
+    figure, axes = _grid(len(measured), width=5.6, height=height)
+    for ax, (name, worst) in zip(axes, shown.items(), strict=True):
+        short = layer_names([r["node"] for r in measured[name]], width=LAYER_NAME_WIDTH)
+        labels = _unique([short[r["node"]] for r in worst], worst)
         values = [r.get("rmse_over_scale") or 0.0 for r in worst]
         colors = ["#c44e52" if v > FLAG_ABOVE else "#4c72b0" for v in values]
-        ax.barh(labels, values, color=colors)
+        positions = list(range(len(worst)))
+        ax.barh(positions, values, color=colors)
+        ax.set_yticks(positions, labels)
+        for y, value in zip(positions, values, strict=True):  # a zero reads as 0.00
+            ax.annotate(f"{value:.2f}", (value, y), xytext=(3, 0), textcoords="offset points",
+                        va="center", fontsize=7)
         ax.axvline(FLAG_ABOVE, color="#c44e52", linestyle=":", label=f"flag {FLAG_ABOVE}")
         ax.axvline(ROUNDING_ALONE, color="grey", linestyle=":",
                    label=f"rounding alone {ROUNDING_ALONE}")
-        ax.set_title(f"{name}: each layer's own error (red: flagged)", fontsize=9)
+        ax.set_xlim(0, max([*values, FLAG_ABOVE]) * 1.18)
+        ax.set_title(f"{name}: each layer's own error (red: above {FLAG_ABOVE})", fontsize=9)
         ax.set_xlabel("rmse / quantization step (measured on representative data)",
                       fontsize=8)
-        ax.tick_params(labelsize=6)
+        ax.tick_params(axis="y", labelsize=8)
+        ax.tick_params(axis="x", labelsize=7)
         ax.legend(fontsize=7, loc="lower right")
     figure.suptitle("Per-layer error of the 8-bit variants", fontsize=11)
-    return _png(figure)
+    return figure
 
 
-def _short(node: str, width: int = 38) -> str:
-    name = node.split(";")[0]
-    return name if len(name) <= width else "…" + name[-(width - 1):]
+def layer_error_bars(variants: Mapping[str, Any]) -> bytes | None:
+    figure = layer_error_figure(variants)
+    return None if figure is None else png(figure)
 
 
 def _wrap(text: str, width: int = 44) -> str:
@@ -209,4 +477,4 @@ def report_plots(report: Mapping[str, Any]) -> dict[str, bytes]:
     variants = report["variants"]
     made = {"latency.png": latency_histograms(variants), "op_time.png": op_time_bars(variants),
             "tradeoff.png": tradeoff(report), "layer_errors.png": layer_error_bars(variants)}
-    return {name: png for name, png in made.items() if png is not None}
+    return {name: data for name, data in made.items() if data is not None}
