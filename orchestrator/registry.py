@@ -255,7 +255,7 @@ def _selected(report: Mapping[str, Any] | None, target: str
 def gate_check(report: Mapping[str, Any], target: Target, device: Any) -> TargetCheck:
     """The variant a version selected for `target`, checked against the recipe's current
     budgets and device, as report.build_variant checks a fresh run."""
-    from orchestrator.devices import estimate_latency_ms
+    from orchestrator.estimates import estimate
     from orchestrator.report import check_budgets
 
     name, variant = _selected(report, target.name)
@@ -264,10 +264,10 @@ def gate_check(report: Mapping[str, Any], target: Target, device: Any) -> Target
                                                "(the recipe's targets changed: run it again)"])
     variant = {**variant, "ram_bytes": variant.get("ram_bytes", variant["size_bytes"]),
                "ram_source": variant.get("ram_source", "model size")}
-    est = None
-    if variant.get("flops") is not None:
-        est = round(estimate_latency_ms(variant["flops"], device,
-                                        variant.get("precision") or "float32"), 4)
+    # the report's model: FLOPs plus the runtime's cost the version's benchmark measured
+    made = estimate(variant.get("flops"), device, variant.get("precision") or "float32",
+                    variant.get("estimate_basis"))
+    est = None if made is None else round(made.latency_ms, 4)
     return TargetCheck(target.name, name, check_budgets(variant, target.budgets, est, device))
 
 
