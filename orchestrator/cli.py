@@ -7,8 +7,8 @@ failed. User errors print one clear message, never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
-import json
 import logging
 import os
 import signal
@@ -61,26 +61,6 @@ def cmd_schema(args: argparse.Namespace) -> int:
         print(f"error: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     print(f"wrote the recipe schema to {args.output}")
-    return 0
-
-
-def cmd_inspect(args: argparse.Namespace) -> int:
-    from orchestrator.cli_kinds import inspect_file
-    from orchestrator.graph_info import format_summary, summarize
-    from orchestrator.sources import load_model
-
-    code = inspect_file(Path(args.model), args.json)  # a memmapped or encrypted file
-    if code is not None:
-        return code
-    try:
-        artifact = load_model(Path(args.model), args.format)
-    except OrchestratorError as exc:
-        return _error(exc)
-    summary = summarize(artifact.graph_def, artifact.input_names, list(artifact.outputs))
-    if args.json:
-        print(json.dumps(summary, indent=2, default=str))
-    else:
-        print(format_summary(summary))
     return 0
 
 
@@ -215,9 +195,21 @@ class _CurrentStderrHandler(logging.StreamHandler):
         return getattr(record, "console", True) and bool(super().filter(record))
 
 
+class _NoInterruptCrash(logging.Filter):
+    """Prefect's `Crash detected! Execution was aborted by an interrupt signal.` when a
+    Ctrl-C ends a flow: the command says `interrupted` itself, once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not (text.startswith("Crash detected!") and "interrupt" in text)
+
+
 def configure_logging() -> None:
     """Our warnings go to stderr through our own handler, not through the root logger:
     Prefect replaces the root handlers when its first flow runs."""
+    engine = logging.getLogger("prefect.engine")
+    if not any(isinstance(f, _NoInterruptCrash) for f in engine.filters):
+        engine.addFilter(_NoInterruptCrash())
     logger = logging.getLogger("orchestrator")
     if not any(isinstance(h, _CurrentStderrHandler) for h in logger.handlers):
         handler = _CurrentStderrHandler()
@@ -268,15 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("action", choices=["status", "stop"], nargs="?", default="status")
     server.add_argument("--force", action="store_true", help="stop it even while a run uses it")
     server.set_defaults(fn=cmd_server)
-    inspect = sub.add_parser("inspect", help="summarize_graph for any supported model")
-    inspect.add_argument("model")
-    inspect.add_argument("--format", default="auto",
-                         choices=["auto", "saved_model", "keras", "frozen_graph", "checkpoint"])
-    inspect.add_argument("--json", action="store_true")
-    inspect.set_defaults(fn=cmd_inspect)
     from orchestrator.cli_kinds import add_parsers
 
-    add_parsers(sub)  # keygen, decrypt
+    add_parsers(sub)  # keygen, decrypt, inspect
     from orchestrator import cli_benchmark, cli_history, cli_init, cli_ops, cli_registry, ui
 
     cli_ops.add_parsers(sub)  # gate, deploy, serve
@@ -346,8 +332,32 @@ def console_main() -> None:
     heap Prefect, MLflow and TensorFlow leave (0.5-1 s that free nothing the OS would not).
     Objects are still finalized by reference counting, and atexit handlers still run."""
     code = main()
+    _exit_at_once_on_ctrl_c(code)
     gc.freeze()
     raise SystemExit(code)
+
+
+def _exit_at_once_on_ctrl_c(code: int) -> None:
+    """The command has ended; the interpreter's exit is left (exit handlers: the load
+    probe's process, Prefect's and MLflow's). A Ctrl-C now (a double Ctrl-C: the first
+    ended the command) ends the process at once, as quietly as the first, rather than
+    interrupting an exit handler with a traceback."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        return  # Ctrl-C ignored (a background job) or someone else's to handle
+
+    def on_interrupt(signum: int, frame: FrameType | None) -> None:
+        probe = sys.modules.get("orchestrator.load_probe")
+        if probe is not None:
+            probe.kill_now()  # its own session: it would not get the terminal's Ctrl-C
+        with contextlib.suppress(Exception):
+            if code != 130:  # else "interrupted" is printed already
+                print("interrupted", file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(130)
+
+    signal.signal(signal.SIGINT, on_interrupt)
 
 
 if __name__ == "__main__":

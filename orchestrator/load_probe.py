@@ -340,20 +340,38 @@ class _Zygote:
             self.stop_locked()
 
     def stop_locked(self) -> None:
-        process, self._process = self._process, None
-        if process is not None:
-            if process.stdin is not None:
-                process.stdin.close()  # the zygote's loop ends at end of input
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-            if process.stdout is not None:
+        process = self._process
+        try:
+            if process is not None and not self._ready and process.poll() is None:
+                # still importing TensorFlow (it reads no input until then), nothing asked
+                # of it yet: nothing to wait for (an exit right after a Ctrl-C waited 5 s)
+                _kill_group(process)
+            if process is not None:
+                if process.stdin is not None:
+                    process.stdin.close()  # the zygote's loop ends at end of input
+                try:
+                    process.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    _kill_group(process)
+                    process.wait()
+                except BaseException:  # a Ctrl-C while waiting: it must not outlive us
+                    _kill_group(process)
+                    raise
+        finally:
+            self._process = None
+            if process is not None and process.stdout is not None:
                 process.stdout.close()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+            self._remove_socket()
+
+    def kill(self) -> None:
+        """At once, without the lock or a wait (this process exits now, on a second
+        Ctrl-C): the zygote and the children it forked, and its socket's folder."""
+        process = self._process
+        if process is not None:
+            _kill_group(process)
         self._remove_socket()
 
     def _remove_socket(self) -> None:
@@ -362,8 +380,33 @@ class _Zygote:
             self._socket_dir = None
 
 
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL to the zygote's process group (a session of its own: it and its children)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 _ZYGOTE = _Zygote()
-atexit.register(_ZYGOTE.stop)
+
+
+def _stop_at_exit() -> None:
+    """The zygote ends with this process. A Ctrl-C while it is stopped (the interpreter's
+    exit, after a first Ctrl-C: a double Ctrl-C) kills it instead, quietly: a traceback
+    from an exit handler would read as a crash."""
+    try:
+        _ZYGOTE.stop()
+    except KeyboardInterrupt:
+        _ZYGOTE.kill()
+
+
+atexit.register(_stop_at_exit)
+
+
+def kill_now() -> None:
+    """The zygote killed at once (see _Zygote.kill), for a process that exits now."""
+    _ZYGOTE.kill()
 
 
 def start() -> None:
