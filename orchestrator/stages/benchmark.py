@@ -14,9 +14,9 @@ data, else random data of the input's shape (unknown dimensions taken as 1).
   ...) are counted like their float twins: an 8-bit graph does the same arithmetic.
 - `est_latency_ms`: per target, an estimate, not a measurement: FLOPs / the device's
   FLOP/s x its precision factor (int8 when the graph has Quantized* ops), plus the
-  runtime's own cost (this run's fastest timed run minus its compute on this host, scaled by
-  the device's one-core speed against this host's). `estimate` says per target how it was made, and
-  `estimate_basis` holds what it was calibrated on: this host's measured FLOP/s (a matmul
+  runtime's own cost (the fastest timed run minus its compute on this host, scaled by the
+  device's one-core speed against this host's). `estimate` says per target how it was
+  made, `estimate_basis` what it was calibrated on: this host's measured FLOP/s (a matmul
   probe, all threads and one), the runtime's cost of a one-op model, and the ops a run
   executes (graph nodes for a TF session, operators for LiteRT). See orchestrator.estimates.
 - `memory`: `load_ms`, `rss_growth_mb` and `anon_growth_mb` of a fresh process that reads
