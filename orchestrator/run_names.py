@@ -1,4 +1,6 @@
-"""The name a recipe run goes by, in Prefect and in MLflow alike: `<recipe>@<commit>`.
+"""The name a recipe run goes by, in Prefect and in MLflow alike: `<recipe>@<commit>`; in
+MLflow, a re-run of the same commit adds its number (`digits-cnn@249b3fe #2`), so that no
+two runs of an experiment share a name (distinct_name).
 
 No MLflow or Prefect here: the flow names its run with the same function the tracking
 worker names the MLflow parent run with.
@@ -6,7 +8,9 @@ worker names the MLflow parent run with.
 
 from __future__ import annotations
 
+import re
 import subprocess
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -47,3 +51,13 @@ def run_name(recipe_name: str, recipe_path: Path, commit: str | None = None) -> 
     if short is None:
         short = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     return f"{recipe_name}@{short}"
+
+
+def distinct_name(base: str, taken: Iterable[str | None]) -> str:
+    """`base`, or `base #N` when runs already go by `base` (the first, unnumbered) or
+    `base #k`: N is one more than the highest of them, so that a deleted run's number is
+    not given out again while any later one exists."""
+    numbered = re.compile(re.escape(base) + r" #(\d+)")
+    numbers = [1 if name == base else int(match.group(1)) for name in taken if name
+               and (name == base or (match := numbered.fullmatch(name)))]
+    return f"{base} #{max(numbers) + 1}" if numbers else base

@@ -7,13 +7,17 @@ imports MLflow on the other core while the run loads the model and runs its flow
 it plain JSON lines, one per event. This worker logs, through MlflowClient with explicit run
 ids, into one experiment per recipe:
 
-- a parent run `<recipe>@<commit>` (run_names.run_name) with a short set of params, the
+- a parent run `<recipe>@<commit>` (run_names.run_name; a re-run of the same commit
+  `<recipe>@<commit> #2`, run_names.distinct_name) with a short set of params, the
   recipe's description as its note, every pipeline's headline metrics under prefixed keys
-  (`int8.size_bytes`), the selection per target as tags (`selected.phone`), the recipe as
-  loaded and report.json as artifacts, and, when asked, the Model Registry outcome;
+  (`int8.size_bytes`), the selection per target as tags (`selected.phone`) and its figures
+  as metrics (`selected.phone.accuracy`), the recipe as loaded and report.json as
+  artifacts, and, when asked, the Model Registry outcome;
 - a nested run per pipeline, named by it: its stages' metrics as they end, its summary and
   model files at the end;
-- a nested run per accuracy-guard trial, under its pipeline's run.
+- a nested run per accuracy-guard trial, under its pipeline's run;
+- on the experiment, a saved view of its runs table with those key metrics as columns
+  (key_metrics_view), which links to the experiment open (experiment_url).
 
 Protocol (one JSON object per line): in on stdin, ops `start`, `node_end`, `node_error`,
 `trial`, `finish`; out on the original stdout, `started` (with the run id), `finished` (with
@@ -39,13 +43,17 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.project import local_tracking_folder
-from orchestrator.run_names import git_commit, run_name
+from orchestrator.run_names import distinct_name, git_commit, run_name
 from orchestrator.tracking_common import (
     HTTP_DEFAULTS,
+    KEY_METRICS_VIEW,
+    KEY_METRICS_VIEW_NAME,
     PROBE_ENV,
     PROBE_TIMEOUT_S,
     REGISTRY_STATUS_TAG,
+    SAVED_VIEW_TAG,
     SECRET_WORDS,
+    VIEW_QUERY,
     is_secret_key,
     probe,
     redact,
@@ -80,6 +88,10 @@ LATENCY_METRICS = ("p50", "p90", "mean")
 # Per pipeline on the parent run, prefixed with its name: what runs are compared by
 PARENT_METRICS = ("size_bytes", "gzip_size_bytes", "accuracy", "accuracy_drop", "fidelity",
                   "latency_p50_ms")
+# Per target on the parent run, `selected.<target>.<figure>`: the selected variant's
+# figures, the runs table's columns by default (key_metrics_view), whichever variant it is
+SELECTED_PREFIX = "selected."
+SELECTED_METRICS = ("size_bytes", "latency_p50_ms", "est_latency_ms")
 
 
 def artifact_root(tracking_uri: str) -> str | None:
@@ -91,10 +103,14 @@ def artifact_root(tracking_uri: str) -> str | None:
     return None if folder is None else (folder / "artifacts").resolve().as_uri()
 
 
-def experiment_url(ui_url: str, experiment_id: str) -> str:
+def experiment_url(ui_url: str, experiment_id: str, key_metrics: bool = True) -> str:
     """The MLflow UI page of an experiment, in the classic (machine learning) view: its runs
-    table. Without the query, MLflow 3.17 opens the GenAI overview, whatever the tags."""
-    return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}?{CLASSIC_VIEW_QUERY}"
+    table, with the key metrics as columns (the saved view key_metrics_view; only for an
+    experiment that has it: MLflow reports a missing one as an error). Without the query,
+    MLflow 3.17 opens the GenAI overview, whatever the tags."""
+    view = f"&{VIEW_QUERY}={KEY_METRICS_VIEW}" if key_metrics else ""
+    return (f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs?{CLASSIC_VIEW_QUERY}"
+            f"{view}")
 
 
 def run_url(ui_url: str, experiment_id: str, run_id: str) -> str:
@@ -165,9 +181,11 @@ def variant_metrics(variant: Mapping[str, Any]) -> dict[str, float]:
 
 def parent_metrics(report: Mapping[str, Any]) -> dict[str, float]:
     """Every pipeline's headline figures for the parent run: `<pipeline>.<metric>`, and
-    `<pipeline>.est_latency_ms.<target>`."""
+    `<pipeline>.est_latency_ms.<target>`; per target, its selected variant's figures:
+    `selected.<target>.<metric>` (none for a target that selected nothing)."""
     values: dict[str, float] = {}
-    for name, variant in (report.get("variants") or {}).items():
+    variants = report.get("variants") or {}
+    for name, variant in variants.items():
         own = variant_metrics(variant)
         for key in PARENT_METRICS:
             if key in own:
@@ -175,7 +193,42 @@ def parent_metrics(report: Mapping[str, Any]) -> dict[str, float]:
         for target, result in (variant.get("targets") or {}).items():
             if result.get("est_latency_ms") is not None:
                 values[f"{name}.est_latency_ms.{target}"] = float(result["est_latency_ms"])
+    quality = _quality_key(report)
+    for target, chosen in (report.get("selected") or {}).items():
+        if chosen not in variants:
+            continue
+        own = variant_metrics(variants[chosen])
+        for key in (quality, *SELECTED_METRICS):
+            figure = own.get(f"est_latency_ms.{target}" if key == "est_latency_ms" else key)
+            if figure is not None:
+                values[f"{SELECTED_PREFIX}{target}.{key}"] = figure
     return values
+
+
+def _quality_key(report: Mapping[str, Any]) -> str:
+    """accuracy for a recipe with labels, else fidelity (the figure its budgets use)."""
+    variants = (report.get("variants") or {}).values()
+    return "accuracy" if any(v.get("accuracy") is not None for v in variants) else "fidelity"
+
+
+def key_metrics_view(report: Mapping[str, Any], created_ms: int, now_ms: int
+                     ) -> tuple[str, str]:
+    """The experiment tag (key, value) of MLflow's saved view of the runs table that shows,
+    per target, the variant selected and its figures (quality, size, estimated and measured
+    latency), newest run first. Its format is MLflow 3.17's own (the UI's "Save view"
+    writes the same: an envelope whose `state` is the table's settings as JSON; columns
+    named `metrics.`<key>``)."""
+    quality = _quality_key(report)
+    columns: list[str] = []
+    for target in report.get("selected") or report.get("targets") or {}:
+        columns.append(f"tags.`{SELECTED_PREFIX}{target}`")
+        columns += [f"metrics.`{SELECTED_PREFIX}{target}.{key}`"
+                    for key in (quality, *SELECTED_METRICS)]
+    state = {"selectedColumns": columns, "orderByKey": "attributes.start_time",
+             "orderByAsc": False}
+    envelope = {"name": KEY_METRICS_VIEW_NAME, "createdAt": created_ms, "updatedAt": now_ms,
+                "state": json.dumps(state)}
+    return f"{SAVED_VIEW_TAG}{KEY_METRICS_VIEW}", json.dumps(envelope)
 
 
 def _chunks(items: list[Any], size: int) -> Iterable[list[Any]]:
@@ -238,10 +291,13 @@ class MlflowLogger:
         """Create the parent run and one nested run per pipeline; log their params."""
         name = message["recipe_name"]
         recipe_path = Path(message["recipe_path"])
-        with _store_lock(self.tracking_uri):  # the store's tables and the experiment
-            self.experiment_id = self._experiment(name, message.get("description"))
         self.commit = git_commit(recipe_path)
-        self.run_name = message.get("run_name") or run_name(name, recipe_path, self.commit)
+        base = message.get("run_name") or run_name(name, recipe_path, self.commit)
+        # the store's tables, the experiment, and a name no other run has: one run at a time
+        with _store_lock(self.tracking_uri):
+            self.experiment_id = self._experiment(name, message.get("description"))
+            self.run_name = distinct_name(base, self._names_like(base))
+            parent = self.client.create_run(self.experiment_id, run_name=self.run_name)
         tags = {"orchestrator.recipe": str(recipe_path), "orchestrator.recipe_name": name,
                 "mlflow.source.name": str(recipe_path)}
         if self.commit:
@@ -250,7 +306,6 @@ class MlflowLogger:
             tags[NOTE_TAG] = message["description"]
         for key, value in (message.get("links") or {}).items():
             tags[_metric_key(str(key))] = redact(str(value))  # MLflow's rule for tag names
-        parent = self.client.create_run(self.experiment_id, run_name=self.run_name)
         self.parent_run_id = parent.info.run_id
         params = {**message["params"], "recipe.git_commit": self.commit or "none"}
         self._log(self.parent_run_id, params=dict(sorted(params.items())), tags=tags)
@@ -266,6 +321,32 @@ class MlflowLogger:
                                                "from": pipeline["from"],
                                                "stages": pipeline["stages"]})
         return self.parent_run_id
+
+    def _names_like(self, base: str) -> list[str]:
+        """The names of the experiment's runs that start like `base` (deleted ones too:
+        MLflow can restore them)."""
+        from mlflow.entities import ViewType
+
+        pattern = base.replace("\\", "\\\\").replace("'", "\\'")
+        runs = self.client.search_runs([self.experiment_id],
+                                       f"attributes.run_name LIKE '{pattern}%'",
+                                       run_view_type=ViewType.ALL, max_results=50000)
+        return [run.info.run_name for run in runs]
+
+    def _key_metrics_view(self, report: Mapping[str, Any], now_ms: int) -> None:
+        """The experiment's saved view with the key metrics as columns, for the targets and
+        quality measure of this run's recipe (created once, then kept up to date)."""
+        experiment = self.client.get_experiment(self.experiment_id)
+        key = f"{SAVED_VIEW_TAG}{KEY_METRICS_VIEW}"
+        try:  # the view as it is (someone may have added columns in the UI: kept)
+            existing = json.loads(experiment.tags[key])
+            created = int(existing["createdAt"])
+            shown = set(json.loads(existing["state"])["selectedColumns"])
+        except (KeyError, ValueError, TypeError):  # none yet, or not ours to read
+            created, shown = now_ms, set()
+        key, value = key_metrics_view(report, created, now_ms)
+        if not set(json.loads(json.loads(value)["state"])["selectedColumns"]) <= shown:
+            self.client.set_experiment_tag(self.experiment_id, key, value)
 
     def log_recipe(self, message: Mapping[str, Any]) -> None:
         """The recipe as loaded (--set overrides applied, secrets redacted), as an artifact:
@@ -338,6 +419,7 @@ class MlflowLogger:
                         for target, variant in (report.get("selected") or {}).items()}
             self._log(self.parent_run_id, metrics=parent_metrics(report), tags=selected,
                       time_ms=now)
+            self._key_metrics_view(report, now)
             if out_dir is not None and (out_dir / "report.json").is_file():
                 self.client.log_artifact(self.parent_run_id, str(out_dir / "report.json"))
                 for name in report.get("page_files") or []:  # report.html and its PNGs

@@ -1,6 +1,7 @@
 """What the tracking worker (tracking.py), its client (tracking_client.py) and the Model
 Registry (registry.py) share, below all three: hiding secrets and URL credentials, the quick
-reachability probe of a tracking server, MLflow's HTTP defaults and the registry's tag.
+reachability probe of a tracking server, MLflow's HTTP defaults, the registry's tag and the
+saved view of the runs table.
 
 No MLflow here: importing this module costs nothing.
 """
@@ -24,6 +25,15 @@ PROBE_TIMEOUT_S = 5.0
 HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
 # The parent run's tag saying what the Model Registry did with the run (registry.register).
 REGISTRY_STATUS_TAG = "registry.status"
+# MLflow 3.17's saved views of an experiment's runs table (its "Views" menu): one experiment
+# tag each, `mlflow.sharedViewState.<id>`, holding {name, createdAt, updatedAt, state} with
+# `state` the table's settings as JSON (the columns shown, the sort); a link with
+# `viewStateShareKey=<id>` opens the table that way. The tracking worker keeps one view per
+# recipe's experiment: its key metrics as columns (tracking.key_metrics_view).
+SAVED_VIEW_TAG = "mlflow.sharedViewState."
+VIEW_QUERY = "viewStateShareKey"
+KEY_METRICS_VIEW = "orchestrator-key-metrics"
+KEY_METRICS_VIEW_NAME = "Key metrics per target (orchestrator)"
 
 # user:password@, :token@ or token@ after a scheme; a password may hold '/' (cloud secret
 # keys do)

@@ -17,11 +17,13 @@ from orchestrator.executor import NodeOutcome
 from orchestrator.plan import build_plan
 from orchestrator.project import local_tracking_folder
 from orchestrator.recipe import load_recipe
-from orchestrator.run_names import git_commit, run_name, short_commit
+from orchestrator.run_names import distinct_name, git_commit, run_name, short_commit
 from orchestrator.tracking import (
+    MlflowLogger,
     artifact_root,
     experiment_url,
     flatten,
+    key_metrics_view,
     parent_metrics,
     redacted,
     run_url,
@@ -91,6 +93,16 @@ def test_run_name_is_the_recipes_short_commit_or_a_utc_timestamp(tmp_path: Path)
     assert run_name("digits", recipe, commit="0123456789") == "digits@0123456"
 
 
+def test_a_rerun_gets_the_next_number() -> None:
+    assert distinct_name("d@0123456", []) == "d@0123456"
+    assert distinct_name("d@0123456", ["d@0123456", "other"]) == "d@0123456 #2"
+    # one more than the highest, not the count: a deleted #2 is not given out again
+    assert distinct_name("d@0123456", ["d@0123456", "d@0123456 #3"]) == "d@0123456 #4"
+    # names that only start alike are not the same run's
+    assert distinct_name("d@0123456", ["d@0123456-dirty", "d@01234567", "d@0123456 #x"]
+                         ) == "d@0123456"
+
+
 # --- what a run records: chosen params, the recipe artifact, metrics
 
 
@@ -143,7 +155,17 @@ def test_metrics_per_pipeline_and_prefixed_on_the_parent() -> None:
     parent = parent_metrics(run_report)
     assert parent["int8.size_bytes"] == 283539 and parent["fp32.accuracy"] == 0.9933
     assert parent["int8.latency_p50_ms"] == 2.06 and parent["fp32.est_latency_ms.pi"] == 0.2275
-    assert len(parent) == 2 * (6 + 2)
+    # per target, the selected variant's figures: the runs table's columns
+    assert run_report["selected"] == {"phone": "int8", "pi": "int8"}
+    for target in ("phone", "pi"):
+        assert parent[f"selected.{target}.accuracy"] == int8["accuracy"]
+        assert parent[f"selected.{target}.size_bytes"] == 283539
+        assert parent[f"selected.{target}.latency_p50_ms"] == 2.06
+        assert parent[f"selected.{target}.est_latency_ms"] == int8[f"est_latency_ms.{target}"]
+    assert len(parent) == 2 * (6 + 2) + 2 * 4
+    # a target that selected nothing has no such figures
+    nothing = {**run_report, "selected": {"phone": None, "pi": "int8"}}
+    assert not any(key.startswith("selected.phone.") for key in parent_metrics(nothing))
 
 
 def test_tracking_defaults_to_the_project_root(tmp_path: Path,
@@ -156,7 +178,10 @@ def test_tracking_defaults_to_the_project_root(tmp_path: Path,
         root / "mlruns" / "artifacts").as_uri()
     assert artifact_root("http://tracking:5000") is None
     assert experiment_url("http://127.0.0.1:5000/", "3") == (
-        "http://127.0.0.1:5000/#/experiments/3?workflowType=machine_learning")
+        "http://127.0.0.1:5000/#/experiments/3/runs?workflowType=machine_learning"
+        "&viewStateShareKey=orchestrator-key-metrics")
+    assert experiment_url("http://127.0.0.1:5000/", "3", key_metrics=False) == (
+        "http://127.0.0.1:5000/#/experiments/3/runs?workflowType=machine_learning")
     assert run_url("http://127.0.0.1:5000", "3", "ab12") == (
         "http://127.0.0.1:5000/#/experiments/3/runs/ab12?workflowType=machine_learning")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'elsewhere' / 'm.db'}")
@@ -245,3 +270,74 @@ def test_an_mlflow_run_a_person_can_read(tmp_path: Path, digits_example: Path,
     assert yaml.safe_load(text)["targets"][0]["budgets"]["max_size_mb"] == 0.5
     for run in [parent, *children, trial]:
         assert "s3cr3t" not in json.dumps([run.data.params, run.data.tags])
+
+
+def _view_columns(tags: dict[str, str]) -> list[str]:
+    """The columns MLflow's saved view `orchestrator-key-metrics` shows, read as MLflow
+    3.17's UI reads a saved view: an envelope with a name, a createdAt number and a state
+    string, the state holding selectedColumns."""
+    envelope = json.loads(tags["mlflow.sharedViewState.orchestrator-key-metrics"])
+    assert isinstance(envelope["name"], str) and envelope["name"]
+    assert isinstance(envelope["createdAt"], int) and isinstance(envelope["state"], str)
+    state = json.loads(envelope["state"])
+    assert state["orderByKey"] == "attributes.start_time" and state["orderByAsc"] is False
+    return state["selectedColumns"]
+
+
+def test_reruns_get_distinct_names_and_the_table_shows_key_metrics(tmp_path: Path) -> None:
+    """Two runs of one recipe at one commit in a real MLflow store: named apart; the
+    experiment's saved view names columns the parent runs have."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
+    message = {"recipe_name": "digits-test", "recipe_path": str(tmp_path / "r.yaml"),
+               "run_name": "digits-test@0123456", "params": {"recipe.name": "digits-test"},
+               "pipelines": [{"name": "fp32", "from": "model", "stages": "freeze, benchmark"},
+                             {"name": "int8", "from": "fp32", "stages": "quantize_nodes"}]}
+    names, parents = [], []
+    for _ in range(3):
+        logger = MlflowLogger(uri)
+        parents.append(logger.start(message))
+        names.append(logger.run_name)
+        logger.finish({"report": report()})
+    assert names == ["digits-test@0123456", "digits-test@0123456 #2",
+                     "digits-test@0123456 #3"]
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("digits-test")
+    columns = _view_columns(experiment.tags)
+    # a column added in the UI (and saved over the view) stays
+    view = "mlflow.sharedViewState.orchestrator-key-metrics"
+    edited = json.loads(experiment.tags[view])
+    edited["state"] = json.dumps({"selectedColumns": [*columns, "metrics.`int8.accuracy`"],
+                                  "orderByKey": "attributes.start_time", "orderByAsc": False})
+    client.set_experiment_tag(experiment.experiment_id, view, json.dumps(edited))
+    client.delete_run(parents[2])  # deleted, restorable: its number stays taken
+    logger = MlflowLogger(uri)
+    logger.start(message)
+    assert logger.run_name == "digits-test@0123456 #4"
+    logger.finish({"report": report()})
+    assert client.get_experiment_by_name("digits-test").tags[view] == json.dumps(edited)
+
+    parent = client.get_run(parents[1])
+    assert columns == [f"{kind}.`selected.{target}{key}`" for target in ("phone", "pi")
+                       for kind, key in [("tags", ""), ("metrics", ".accuracy"),
+                                         ("metrics", ".size_bytes"),
+                                         ("metrics", ".latency_p50_ms"),
+                                         ("metrics", ".est_latency_ms")]]
+    for column in columns:  # each column is a figure every finished parent run has
+        kind, key = column.split(".", 1)
+        assert key.strip("`") in getattr(parent.data, kind), column
+    assert parent.data.metrics["selected.phone.size_bytes"] == 283539
+
+
+def test_the_saved_view_follows_the_recipes_quality_measure() -> None:
+    key, value = key_metrics_view(report(), 1000, 2000)
+    assert key == "mlflow.sharedViewState.orchestrator-key-metrics"
+    envelope = json.loads(value)
+    assert (envelope["createdAt"], envelope["updatedAt"]) == (1000, 2000)
+    unlabelled = report()
+    for variant in unlabelled["variants"].values():
+        variant["accuracy"] = None
+    columns = _view_columns({key: key_metrics_view(unlabelled, 1, 1)[1]})
+    assert "metrics.`selected.phone.fidelity`" in columns
+    assert not any("accuracy" in column for column in columns)
