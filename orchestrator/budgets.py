@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.formatting import MIB, format_ms, format_size
+from orchestrator.formatting import MIB, apart, format_ms, format_size
 from orchestrator.stages.evaluate import OUTPUT_METRICS, output_names, safe_name
 
 # max_size_mb and max_ram_mb are in MiB (1,048,576 bytes): what phones and their app stores
@@ -50,14 +50,6 @@ def broken_kinds(violations: Sequence[str]) -> list[str]:
     found = {getattr(v, "kind", None) for v in violations}
     return [kind for kind in KINDS if kind in found]
 
-
-def _digits_apart(value: float, limit: float, show: Any) -> tuple[str, str]:
-    """`value` and `limit` shown by `show(x, digits)` with 3 significant digits, more when
-    3 would print them equal (1.0004 MiB over a 1 MiB budget)."""
-    digits = 3
-    while show(value, digits) == show(limit, digits) and digits < 9:
-        digits += 1
-    return show(value, digits), show(limit, digits)
 
 # What one unit of shortfall is, per kind of figure: a point of accuracy or agreement, a
 # dB of SQNR, a thousandth of cosine. Summed, they rank two trials of one pipeline.
@@ -271,14 +263,14 @@ def check_budgets(variant: Mapping[str, Any], budgets: Any, est_latency_ms: floa
         return format_size(value * MB, digits, unit=False)
 
     if device is not None and variant["ram_bytes"] / MB > device.ram_limit_mb:
-        ram, limit = _digits_apart(variant["ram_bytes"] / MB, device.ram_limit_mb, mib)
+        ram, limit = apart(variant["ram_bytes"] / MB, device.ram_limit_mb, mib)
         violations.append(Violation(f"RAM {ram} MiB ({variant['ram_source']}) > the device's "
                                     f"limit of {limit} MiB", RAM))
 
     if budgets.max_size_mb is not None:
         size_mb = variant["size_bytes"] / MB
         if size_mb > budgets.max_size_mb:
-            size, _ = _digits_apart(size_mb, budgets.max_size_mb, mib)
+            size, _ = apart(size_mb, budgets.max_size_mb, mib)
             violations.append(Violation(f"size {size} MiB > max_size_mb "
                                         f"{budgets.max_size_mb:g} MiB", SIZE))
     violations += quality_violations(variant_quality_metrics(variant), budgets)
@@ -287,13 +279,13 @@ def check_budgets(variant: Mapping[str, Any], budgets: Any, est_latency_ms: floa
             violations.append(Violation("latency not measured: add benchmark to the pipeline",
                                         LATENCY))
         elif est_latency_ms > budgets.max_latency_ms:
-            est, _ = _digits_apart(est_latency_ms, budgets.max_latency_ms, format_ms)
+            est, _ = apart(est_latency_ms, budgets.max_latency_ms, format_ms)
             violations.append(Violation(f"estimated latency {est} > max_latency_ms "
                                         f"{budgets.max_latency_ms:g} ms", LATENCY))
     if budgets.max_ram_mb is not None:
         ram_mb = variant["ram_bytes"] / MB
         if ram_mb > budgets.max_ram_mb:
-            ram, _ = _digits_apart(ram_mb, budgets.max_ram_mb, mib)
+            ram, _ = apart(ram_mb, budgets.max_ram_mb, mib)
             violations.append(Violation(f"RAM {ram} MiB > max_ram_mb {budgets.max_ram_mb:g} "
                                         "MiB", RAM))
     return violations

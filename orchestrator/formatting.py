@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 MIB = 1024 * 1024
 SIZE_UNIT = "MiB"
@@ -54,6 +54,16 @@ def format_ms(value: float | None, digits: int = 3) -> str:
             return f"{significant(value * 1000.0, digits)} µs"
         return f"{significant(value, digits)} ms"
     return f"{significant(value, digits)} ms"
+
+
+def apart(first: float, second: float, show: Callable[[float, int], str], digits: int = 3
+          ) -> tuple[str, str]:
+    """Two different figures shown by `show(value, digits)`, with more digits than `digits`
+    where fewer would print them equal (1.0004 MiB over a 1 MiB budget)."""
+    while (first != second and show(first, digits) == show(second, digits)
+           and digits < 9):
+        digits += 1
+    return show(first, digits), show(second, digits)
 
 
 def format_size(size_bytes: float | None, digits: int = 3, unit: bool = True) -> str:

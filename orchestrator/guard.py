@@ -51,7 +51,8 @@ from orchestrator.budgets import (
 )
 from orchestrator.errors import OrchestratorError
 from orchestrator.executor import NodeOutcome, RunData
-from orchestrator.layer_errors import common_prefix, worst_first
+from orchestrator.formatting import layer_name, shared_scope
+from orchestrator.layer_errors import worst_first
 from orchestrator.plan import Node, Plan, chain_nodes
 from orchestrator.quantization import QUANTIZABLE_OPS, WEIGHT_OPS
 from orchestrator.recipe_models import Tune
@@ -329,7 +330,7 @@ class _Search:
         self.float_key = plan.final_float_key(parent)
         self.layers: list[Layer] = []
         self.inputs_of: dict[str, list[str]] = {}  # float graph: node -> its data inputs
-        self.prefix = ""
+        self.prefix = ""  # the scope all layer names share (formatting.shared_scope)
         self.reserved = 0  # trials kept back for the weights-only answer
         self.litert = any(n.stage == LITERT_STAGE for n in quantizer_nodes(nodes))
 
@@ -476,9 +477,10 @@ class _Search:
         return bool(weights) and weights <= {*settings.float_layers, *settings.weights_only}
 
     def short_names(self, layers: list[Layer], limit: int = 3) -> str:
-        """Layer names for a console line, without the prefix all layers share (a LiteRT
-        op fused from several graph nodes is named by its first)."""
-        names = [layer.name.split(";")[0][len(self.prefix):] for layer in layers[:limit]]
+        """Layer names for a console line, shortened as everywhere (formatting.layer_name:
+        a LiteRT op fused from several graph nodes is named by its first, without the
+        scope all layers share)."""
+        names = [layer_name(layer.name, self.prefix) for layer in layers[:limit]]
         return ", ".join(names) + (f" and {len(layers) - limit} more"
                                    if len(layers) > limit else "")
 
@@ -570,9 +572,9 @@ def guard_pipeline(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, 
     search.trials.append(baseline)
     if not any(n.stage == "evaluate" for n in nodes):
         baseline.violations.append("the guard needs an evaluate stage in the pipeline")
-        return GuardResult(nodes, baseline.outcomes, [baseline.row()])
-    if baseline.ok or not _has_quality_budget(plan):
-        return GuardResult(nodes, baseline.outcomes, [baseline.row()])
+        return GuardResult(nodes, baseline.outcomes, [_chosen(baseline.row())])
+    if baseline.ok or not _has_quality_budget(plan):  # the recipe's own settings: chosen
+        return GuardResult(nodes, baseline.outcomes, [_chosen(baseline.row())])
     quantize = quantizer_nodes(nodes)[0]
     if quantize.stage == LITERT_STAGE:
         return _guard_litert(search, baseline, outcomes[quantize.id], tune)
@@ -582,7 +584,7 @@ def guard_pipeline(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, 
     excluded |= {row["node"] for row in outcomes[quantize.id].info.get("float_nodes") or []}
     convertible = {n.name for n in graph.node if n.op in allowed and n.name not in excluded}
     search.layers = layers_of(graph, convertible)
-    search.prefix = common_prefix([layer.name for layer in search.layers])
+    search.prefix = shared_scope([layer.name for layer in search.layers])
     search.inputs_of = {n.name: [i.split(":")[0] for i in n.input if not i.startswith("^")]
                         for n in graph.node}
     weights_only_possible = any(n.stage == "quantize_weights" for n in nodes)
@@ -610,10 +612,13 @@ def _conclude(search: _Search, best: Trial, tune: Tune, weights_only_possible: b
             everywhere = search.try_weights_only_everywhere(best)
         verdict = _verdict(best, everywhere, weights_only_possible, litert)
         best = search.best()
-    rows = [t.row() for t in search.trials]
-    for row in rows:
-        row["chosen"] = row["trial"] == best.index
+    rows = [_chosen(t.row(), t.index == best.index) for t in search.trials]
     return GuardResult(best.nodes, best.outcomes, rows, search.decisions, verdict)
+
+
+def _chosen(row: dict[str, Any], chosen: bool = True) -> dict[str, Any]:
+    """A trials-table row with its `chosen` mark: every row has one, a lone trial too."""
+    return {**row, "chosen": chosen}
 
 
 def _guard_litert(search: _Search, baseline: Trial, converted: NodeOutcome, tune: Tune
@@ -624,7 +629,7 @@ def _guard_litert(search: _Search, baseline: Trial, converted: NodeOutcome, tune
     rows = list(converted.info.get("layer_errors") or [])
     search.layers = [Layer(r["node"], (r["node"],), r.get("op") in LITERT_WEIGHT_OPS)
                      for r in rows if r.get("op") not in ("QUANTIZE", "DEQUANTIZE")]
-    search.prefix = common_prefix([layer.name.split(";")[0] for layer in search.layers])
+    search.prefix = shared_scope([layer.name for layer in search.layers])
     search.reserved = 1
     search.revert_layers(baseline, weights_only_possible=False)
     return _conclude(search, search.best(), tune, weights_only_possible=True, litert=True)

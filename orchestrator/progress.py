@@ -1,4 +1,5 @@
-"""The progress display: a line per stage as it finishes, and a live bar while it runs."""
+"""The progress display: a line per stage as it finishes (with its warnings, said once),
+and a live bar while it runs."""
 
 from __future__ import annotations
 
@@ -40,15 +41,12 @@ class ConsoleProgress:
             return
         status = "[dim]cached[/]" if outcome.cached else f"{outcome.seconds:.2f} s"
         self.progress.console.print(f"  [green]✓[/] {node.pipeline} › {node.stage}  {status}")
+        # a stage's warnings, said here once (the summary does not repeat them); its
+        # diagnostics (per-layer errors, ops that stay float) changed nothing and call for
+        # no action: report.json and report.html have them, the console does not
         for warning in outcome.warnings:  # names are long words: wrap, never cut them
             self.progress.console.print(f"    [yellow]warning:[/] {escape(warning)}",
                                         soft_wrap=True, highlight=False)
-        if outcome.info.get("layer_errors"):  # freeze_ranges' diagnostics: the worst five
-            from orchestrator.layer_errors import console_lines
-
-            for line in console_lines(outcome.info["layer_errors"],
-                                      self.progress.console.width):
-                self.progress.console.print(line, highlight=False)
         self.progress.advance(self.task)
 
     def on_guard_trial(self, pipeline: str, trial: dict[str, Any]) -> None:

@@ -18,9 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import kinds
-from orchestrator.budgets import check_budgets
+from orchestrator.budgets import MB, broken_kinds, check_budgets
 from orchestrator.errors import OutputError
 from orchestrator.executor import NodeOutcome, RunData
+from orchestrator.formatting import (
+    SIZE_UNIT_NOTE,
+    apart,
+    format_count,
+    format_ms,
+    format_size,
+)
 from orchestrator.limits import name_problem
 from orchestrator.paths import describe_os_error
 from orchestrator.plan import Plan
@@ -37,6 +44,24 @@ def _merged(outcomes: list[NodeOutcome]) -> tuple[dict[str, Any], dict[str, Any]
     return metrics, info
 
 
+RAM_TRACED = "benchmark: peak of live tensors in a traced run (weights, inputs, intermediates)"
+RAM_HEAP = ("benchmark: heap growth (RssAnon) of a fresh process that loads the file and "
+            "runs it once")
+RAM_SIZE = "model size: add benchmark to measure"
+
+
+def _ram(info: Mapping[str, Any], size_bytes: int) -> dict[str, Any]:
+    """The RAM the budgets read and what it is: a GraphDef's traced peak of live tensors;
+    for a kind without a traced run (LiteRT), the measured heap growth of the load probe,
+    which benchmark runs for every kind; without benchmark, the file's size."""
+    if info.get("peak_memory_bytes"):
+        return {"ram_bytes": int(info["peak_memory_bytes"]), "ram_source": RAM_TRACED}
+    growth = (info.get("memory") or {}).get("anon_growth_mb")
+    if isinstance(growth, int | float):
+        return {"ram_bytes": max(int(round(growth * MB)), 0), "ram_source": RAM_HEAP}
+    return {"ram_bytes": size_bytes, "ram_source": RAM_SIZE}
+
+
 def build_variant(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, NodeOutcome],
                   devices: Mapping[str, Any]) -> dict[str, Any]:
     from orchestrator.devices import precision_of
@@ -45,6 +70,8 @@ def build_variant(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, N
     nodes = plan.pipelines[name]
     own = [outcomes[n.id] for n in nodes if n.id in outcomes]
     metrics, info = _merged(own)
+    # diagnostics: what a stage found that changed nothing (report.json and the page)
+    diagnostics = [d for o in own for d in o.info.get("diagnostics") or []]
     facts = data.model_facts(plan.final_model_key(name))
     accuracy = metrics.get("accuracy")
     source_accuracy = metrics.get("source_accuracy") if accuracy is not None else None
@@ -58,13 +85,12 @@ def build_variant(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, N
         "accuracy_drop": (None if accuracy is None or source_accuracy is None
                           else round(source_accuracy - accuracy, 6)),
         "fidelity": metrics.get("fidelity"),
-        "ram_bytes": int(info.get("peak_memory_bytes") or facts["size_bytes"]),
-        "ram_source": ("measured peak (benchmark)" if info.get("peak_memory_bytes")
-                       else "model size: add benchmark to measure"),
+        **_ram(info, int(facts["size_bytes"])),
         # benchmark knows the runtime's precision (a tflite's mode); else the graph's ops
         "precision": info.get("precision") or precision_of(facts["ops"]),
         "metrics": {k: v for k, v in metrics.items() if isinstance(v, int | float)},
         "warnings": [w for o in own for w in o.warnings],
+        "diagnostics": diagnostics,
         "stages": [{"name": o.node.stage, "seconds": round(o.seconds, 4), "cached": o.cached,
                     # when this run's task ran it (epoch s): overlaps show parallel stages
                     "started": round(o.started, 3), "finished": round(o.finished, 3),
@@ -137,7 +163,8 @@ def selection_reasons(variants: Mapping[str, Mapping[str, Any]],
     """Per target and variant, why it was or was not selected, in the words of the rule
     `select` applies: every budget met, the lowest estimated latency, the measured host
     latency among estimates that tie, then the size. Where the estimate and this host's
-    measurement rank two variants the opposite way, the reason says so."""
+    measurement rank two variants the opposite way, the reason says so. Timings and sizes
+    as formatting shows them everywhere (µs/ms, MiB)."""
     reasons: dict[str, dict[str, str]] = {}
     for target, chosen in selected.items():
         why: dict[str, str] = {}
@@ -154,42 +181,52 @@ def selection_reasons(variants: Mapping[str, Mapping[str, Any]],
                 others = [n for n in variants if n != name
                           and variants[n]["targets"][target]["budgets_ok"]]
                 host = (f"; within {ESTIMATE_TIE:.0%}, the fastest measured on this host, "
-                        f"{measured:.3f} ms p50" if math.isfinite(measured) else "")
+                        f"{format_ms(measured)} p50" if math.isfinite(measured) else "")
                 why[name] = ("selected: meets every budget" + (
-                    f"; lowest estimated latency ({_fmt(result['est_latency_ms'], '.3f')} ms "
+                    f"; lowest estimated latency ({format_ms(result['est_latency_ms'])} "
                     f"est.{host}), then smallest size, among {', '.join([name, *others])}"
                     if others else "; the only variant that does"))
                 continue
             best_est, best_measured = _estimate(best, target), _measured(best)
             both_measured = math.isfinite(measured) and math.isfinite(best_measured)
             if est > best_est * (1 + ESTIMATE_TIE):
+                mine, theirs = _ms_pair(est, best_est)
                 why[name] = (f"meets every budget, but {name}'s estimated latency "
-                             f"{est:.3f} ms > {chosen}'s {best_est:.3f} ms")
+                             f"{mine} > {chosen}'s {theirs}")
                 if both_measured and measured < best_measured * (1 - MEASURED_NOISE):
+                    mine, theirs = _ms_pair(measured, best_measured)
                     why[name] += (f". Measured on this host it is the faster one "
-                                  f"({measured:.3f} vs {best_measured:.3f} ms p50): the "
-                                  "estimate (FLOPs on the device) and the measurement (this "
-                                  "host's kernels) disagree")
+                                  f"({mine} vs {theirs} p50): the estimate for the device "
+                                  "and this host's measurement disagree")
             elif both_measured and measured > best_measured:
+                mine, theirs = _ms_pair(est, best_est)
+                host_mine, host_theirs = _ms_pair(measured, best_measured)
                 why[name] = (f"meets every budget, estimated latency close to {chosen}'s "
-                             f"({est:.3f} vs {best_est:.3f} ms), but slower measured on this "
-                             f"host ({measured:.3f} vs {best_measured:.3f} ms p50)")
+                             f"({mine} vs {theirs}), but slower measured on this "
+                             f"host ({host_mine} vs {host_theirs} p50)")
             else:
+                mine, theirs = apart(variant["size_bytes"], best["size_bytes"], format_size)
                 why[name] = (f"meets every budget, same estimated latency as {chosen}, "
-                             f"but larger ({_kib(variant['size_bytes'])} vs "
-                             f"{_kib(best['size_bytes'])})")
+                             f"but larger ({mine} vs {theirs})")
         reasons[target] = why
     return reasons
 
 
-def _kib(size_bytes: int) -> str:
-    return f"{size_bytes / 1024:,.1f} KiB"
+def _ms_pair(first: float, second: float) -> tuple[str, str]:
+    """Two timings, 3 significant digits, more where 3 would print them equal."""
+    if not (math.isfinite(first) and math.isfinite(second)):
+        return format_ms(first if math.isfinite(first) else None), format_ms(
+            second if math.isfinite(second) else None)
+    return apart(first, second, format_ms)
 
 
 def build_report(plan: Plan, data: RunData, outcomes: Mapping[str, NodeOutcome],
                  devices: Mapping[str, Any], variants: list[str], run_id: str | None
                  ) -> dict[str, Any]:
     built = {name: build_variant(name, plan, data, outcomes, devices) for name in variants}
+    for variant in built.values():  # which budgets broke: the cells the report marks
+        for result in variant["targets"].values():
+            result["broken"] = broken_kinds(result["violations"])
     selected = select(built, [t.name for t in plan.recipe.recipe.targets])
     return {"recipe": plan.recipe.recipe.name,
             "recipe_path": str(plan.recipe.path),
@@ -237,7 +274,10 @@ def write_outputs(out_dir: Path, plan: Plan, data: RunData,
                           file=str(out_dir)) from exc
     from orchestrator.report_page import report_files
 
-    pictures, warnings = report_files(report)
+    # output_folder.replacing builds the outputs in DIR/.staging-*: the page's links are
+    # relative to DIR, where it ends up
+    final = out_dir.parent if out_dir.name.startswith(".staging-") else out_dir
+    pictures, warnings = report_files(report, final)
     for warning in warnings:  # the run succeeded: its pictures are not worth failing it
         print(f"warning: {warning}", file=sys.stderr)
     report["page_files"] = sorted(pictures)  # type: ignore[index]
@@ -334,10 +374,121 @@ def _min_sqnr(variant: Mapping[str, Any]) -> str:
     return f"{worst['sqnr_db']:.1f} ({worst['name']})"
 
 
+# --- what a person reads: shared by the console summary and the page ---------------------
+
+# the docs page with code that loads each kind of file on Android, iOS and Linux
+LOADING_DOC = Path(__file__).resolve().parents[1] / "docs" / "loading.md"
+KIND_WORDS = {"graphdef": "TensorFlow GraphDef",
+              "memmapped": "TensorFlow memory-mapped GraphDef",
+              "encrypted": "AES-256-GCM encrypted",
+              "tflite": "LiteRT flatbuffer"}
+PARAMS_NOTE = ("params: elements of the constant tensors in the shipped file (weights and "
+               "biases after batch norm is folded, shapes, 8-bit ranges)")
+TIMING_NOTE = "timings: 3 significant digits, µs below 1 ms"
+
+
+def broken_in(variant: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Budget kind -> the targets whose budget of that kind `variant` breaks (the cell
+    of that figure is marked, never another)."""
+    found: dict[str, list[str]] = {}
+    for target, result in (variant.get("targets") or {}).items():
+        for kind in result.get("broken") or broken_kinds(result.get("violations") or []):
+            found.setdefault(kind, []).append(target)
+    return found
+
+
+def kind_words(variant: Mapping[str, Any]) -> str:
+    """What the file is, e.g. "LiteRT flatbuffer", "AES-256-GCM encrypted TensorFlow
+    memory-mapped GraphDef"."""
+    kind = variant.get("kind", kinds.DEFAULT_KIND)
+    words = KIND_WORDS.get(kind, kind)
+    inner = (variant.get("encryption") or {}).get("payload_kind")
+    return f"{words} {KIND_WORDS.get(inner, inner)}" if kind == "encrypted" and inner else words
+
+
+def shown_path(path: Path, base: Path | None = None) -> str:
+    """`path` relative to `base` (the working directory) when it lies inside it, so that
+    it pastes as it is; else absolute."""
+    base = Path.cwd() if base is None else base
+    try:
+        return str(path.resolve().relative_to(base.resolve()))
+    except ValueError:
+        return str(path.resolve())
+
+
+def ship_lines(report: Mapping[str, Any], out_dir: Path) -> dict[str, str]:
+    """Per target with a selection: the file to ship, relative to the working directory,
+    what it is, and where the loading code is."""
+    lines: dict[str, str] = {}
+    doc = (f"load it: {shown_path(LOADING_DOC)}" if LOADING_DOC.is_file()
+           else "load it: docs/loading.md in the orchestrator repository")
+    for target, name in (report.get("selected") or {}).items():
+        variant = report["variants"].get(name) or {} if name is not None else {}
+        if not variant.get("artifact"):
+            continue
+        lines[target] = (f"ship {shown_path(out_dir / variant['artifact'])}, a "
+                         f"{kind_words(variant)}; {doc}")
+    return lines
+
+
+def advice(report: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(variant, warning) the user can act on that no stage could say alone: an 8-bit
+    variant that breaks a quality budget without the guard, while its diagnostics flag
+    layers the guard would take back from 8 bits."""
+    from orchestrator.layer_errors import FLAG_ABOVE, flagged
+
+    found = []
+    for name, variant in report["variants"].items():
+        broken = broken_in(variant)
+        quality = sorted({t for kind in ("accuracy", "fidelity", "sqnr", "output")
+                          for t in broken.get(kind, [])})
+        bad = flagged(variant.get("layer_errors") or [])
+        if not quality or not bad or variant.get("trials"):
+            continue
+        from orchestrator.formatting import layer_names
+
+        short = layer_names([r["node"] for r in variant["layer_errors"]])
+        listed = ", ".join(f"{short[r['node']]} {r['rmse_over_scale']:.2f}" for r in bad[:3])
+        stages = {s["name"] for s in variant.get("stages") or []}
+        setting = ("convert_tflite: {mode: int8, guard: true}" if "convert_tflite" in stages
+                   else "quantize_nodes: {guard: true}")
+        found.append((name, f"breaks the quality budget of {', '.join(quality)}, and "
+                            f"{len(bad)} layer(s) are above {FLAG_ABOVE} RMSE/scale "
+                            f"({listed}): set {setting} to let the accuracy guard take "
+                            "such layers back from 8 bits"))
+    return found
+
+
+def console_warnings(report: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(where, warning) for under the summary table: what the run's end found (the guard's
+    verdict, skipped inputs, advice), never a stage's warning again (the progress display
+    printed it beside its stage)."""
+    found = []
+    for name, variant in report["variants"].items():
+        said = {w for stage in variant.get("stages") or [] for w in stage.get("warnings") or []}
+        found += [(name, w) for w in variant.get("warnings") or [] if w not in said]
+    found += advice(report)
+    for role, summary in (report.get("data") or {}).items():
+        if summary.get("skipped_inputs"):
+            names = ", ".join(Path(f).name for f in summary["skipped_files"][:5])
+            found.append((f"data.{role}", f"skipped {summary['skipped_inputs']} non-image "
+                                          f"file(s): {names}"))
+    return found
+
+
+def _marked(text: str, broken: bool) -> str:
+    """A cell whose budget broke: red, with ✗ (readable without colour in a CI log)."""
+    from rich.markup import escape
+
+    return f"[red]{escape(text)} ✗[/]" if broken else escape(text)
+
+
 def print_summary(report: Mapping[str, Any], out_dir: Path, console: Any = None) -> None:
-    """The summary table: one row per variant. Sizes are the shipped file in KiB; host p50
-    is measured on this machine; each target's column is the device latency that its
-    budget and the selection use, an estimate (FLOPs over the device's speed)."""
+    """The summary table, one row per variant, its units stated once under it; then per
+    target the selection, the file to ship and the reasons.
+
+    A broken budget marks its own cell (size, RAM, drop, fidelity, SQNR, or the target's
+    estimated latency) with ✗, and the target's column names what broke."""
     import sys
 
     from rich.console import Console
@@ -345,54 +496,82 @@ def print_summary(report: Mapping[str, Any], out_dir: Path, console: Any = None)
 
     # a pipe or CI log gets a wide table instead of rich's 80-column default
     console = console or Console(width=None if sys.stdout.isatty() else 160)
-    table = Table(title=f"recipe {report['recipe']}", caption="KiB: 1,024 bytes of the file "
-                  "that ships · est. ms: device latency from FLOPs (budgets and selection; "
-                  "host p50 breaks ties within 10%)")
-    columns = ["variant", "shipped KiB", "gzip KiB", "params", "host p50 ms\n(measured)",
-               "accuracy", "drop", "fidelity"]
+    variants = report["variants"]
+    target_names = list(report.get("selected") or {})
+    broken = {name: broken_in(v) for name, v in variants.items()}
+    budgets = {t: (report.get("targets") or {}).get(t, {}).get("budgets") or {}
+               for t in target_names}
+    show_ram = any("ram" in b for b in broken.values()) or any(
+        "max_ram_mb" in b for b in budgets.values())
     # outputs that are not class scores: their lowest SQNR says more than one fidelity figure
-    sqnr = any(_min_sqnr(v) != "-" for v in report["variants"].values())
+    sqnr = any(_min_sqnr(v) != "-" for v in variants.values())
+    # the table's units and words, stated once under it
+    notes = [f"size, gzip{', RAM' if show_ram else ''}: {SIZE_UNIT_NOTE}", PARAMS_NOTE,
+             f"{TIMING_NOTE}; est.: the device's latency, estimated (budgets and selection "
+             f"use it; host p50 decides within {ESTIMATE_TIE:.0%}; how, per variant: "
+             "report.html)", "✗: the budget that broke, in its own cell and named in its "
+             "target's column; ✓: selected"]
+    table = Table(title=f"recipe {report['recipe']}")
+    columns = ["variant", "size MiB", "gzip MiB", "params", "host p50\n(measured)"]
+    if show_ram:
+        columns.append("RAM MiB")
+    columns += ["accuracy", "drop", "fidelity"]
     if sqnr:
         columns.append("min SQNR dB\n(output)")
-    target_names = list(report.get("selected") or {})
-    devices = {t: r.get("device", "") for v in report["variants"].values()
+    devices = {t: r.get("device", "") for v in variants.values()
                for t, r in v["targets"].items()}
-    columns += [f"{t} ({devices.get(t, '')})\nest. ms, budgets" for t in target_names]
+    columns += [f"{t} ({devices.get(t, '')})\nest. latency" for t in target_names]
     columns.append("cached")
     for column in columns:
         table.add_column(column, justify="left" if column == "variant" else "right")
-    for name, v in report["variants"].items():
-        latency = (v.get("latency_ms") or {}).get("p50")
+    for name, v in variants.items():
+        cells = broken[name]
         per_target = []
         for target in target_names:
             result = v["targets"][target]
-            mark = "[green]ok[/]" if result["budgets_ok"] else "[red]FAIL[/]"
+            kinds_broken = result.get("broken") or broken_kinds(result.get("violations") or [])
+            est = _marked(format_ms(result["est_latency_ms"]), "latency" in kinds_broken)
+            verdict = ("[green]ok[/]" if result["budgets_ok"]
+                       else "[red]✗ " + ", ".join(k.upper() if k == "ram" else k
+                                                  for k in kinds_broken or ["budget"]) + "[/]")
             chosen = " [bold]✓[/]" if report["selected"].get(target) == name else ""
-            per_target.append(f"{_fmt(result['est_latency_ms'], '.3f')} {mark}{chosen}")
+            per_target.append(f"{est} {verdict}{chosen}")
         cached = sum(s["cached"] for s in v["stages"])
-        table.add_row(name, f"{v['size_bytes'] / 1024:,.1f}",
-                      f"{v['gzip_size_bytes'] / 1024:,.1f}", f"{v['params']:,}",
-                      _fmt(latency, ".3f"), _fmt(v.get("accuracy"), ".4f"),
-                      _fmt(v.get("accuracy_drop"), "+.4f"), _fmt(v.get("fidelity"), ".4f"),
-                      *([_min_sqnr(v)] if sqnr else []), *per_target,
-                      f"{cached}/{len(v['stages'])}")
+        row = [name, _marked(format_size(v["size_bytes"], unit=False), "size" in cells),
+               format_size(v.get("gzip_size_bytes"), unit=False),
+               format_count(v.get("params")), format_ms((v.get("latency_ms") or {}).get("p50"))]
+        if show_ram:
+            row.append(_marked(format_size(v.get("ram_bytes"), unit=False), "ram" in cells))
+        row += [_fmt(v.get("accuracy"), ".4f"),
+                _marked(_fmt(v.get("accuracy_drop"), "+.4f"), "accuracy" in cells),
+                _marked(_fmt(v.get("fidelity"), ".4f"), "fidelity" in cells)]
+        if sqnr:
+            row.append(_marked(_min_sqnr(v), "sqnr" in cells))
+        table.add_row(*row, *per_target, f"{cached}/{len(v['stages'])}")
     console.print(table)
-    for name, v in report["variants"].items():
-        for warning in v.get("warnings", []):
-            console.print(f"  [yellow]warning[/] {name}: {warning}")
-    for role, summary in (report.get("data") or {}).items():
-        if summary.get("skipped_inputs"):
-            names = ", ".join(Path(f).name for f in summary["skipped_files"][:5])
-            console.print(f"  [yellow]warning[/] data.{role}: skipped "
-                          f"{summary['skipped_inputs']} non-image file(s): {names}")
+    from rich.markup import escape
+
+    for note in notes:
+        console.print(f"  [dim]{escape(note)}[/]", highlight=False)
+
+    for where, warning in console_warnings(report):
+        console.print(f"  [yellow]warning[/] {escape(where)}: {escape(warning)}",
+                      highlight=False)
     reasons = report.get("selection_reasons") or {}
+    ships = ship_lines(report, out_dir)
     for target, variant in report.get("selected", {}).items():
         console.print(f"selected for {target}: "
                       + (f"[bold green]{variant}[/]" if variant else "[bold red]none meets "
                          "its budgets[/]"))
+        if target in ships:
+            console.print(f"  {escape(ships[target])}", highlight=False)
+            method = ((variants[variant]["targets"][target].get("estimate") or {})
+                      .get("method"))
+            if method:
+                console.print(f"  its estimate: {escape(method)}", highlight=False)
         for name, why in (reasons.get(target) or {}).items():
-            console.print(f"  {name}: {why}", highlight=False)
-    for name, v in report["variants"].items():
+            console.print(f"  {name}: {escape(why)}", highlight=False)
+    for name, v in variants.items():
         if v.get("encryption"):  # where the key came from; never the key
             console.print(f"{name}: encrypted with key id {v['encryption'].get('key_id')} "
                           f"from {v['encryption'].get('key_source')}")

@@ -215,36 +215,6 @@ def test_the_layer_made_bad_is_named_worst(digits_example, digits) -> None:  # n
 cnn = quant_fixtures.cnn
 
 
-def test_console_shows_the_five_worst_under_the_stage_line() -> None:
-    import io
-
-    from rich.console import Console
-
-    from orchestrator.executor import NodeOutcome
-    from orchestrator.plan import Node
-    from orchestrator.progress import ConsoleProgress
-
-    rows = [{"node": "model/" + "very_long_scope/" * 3 + f"conv{i}", "op": "Conv2D",
-             "rmse_over_scale": i / 10, "nmse": i / 1e4, "range_min": -1.0,
-             "range_max": 1.0, "scale": 2 / 255, "clipped_share": 0.001 * i} for i in range(9)]
-    rows.append({**rows[0], "node": "unknown", "rmse_over_scale": None, "nmse": None})
-    node = Node(id="int8/3:freeze_ranges", pipeline="int8", index=3, stage="freeze_ranges",
-                params=None, kind="transform", key="k", input_model_key="i",
-                output_model_key="k", depends_on=None)
-    out = io.StringIO()
-    with ConsoleProgress(1, Console(file=out, width=80)) as progress:
-        progress.on_node_end(NodeOutcome(node, False, 0.5, info={"layer_errors": rows}))
-        progress.on_node_end(NodeOutcome(node, False, 0.5, info={"ranges": []}))
-    lines = [line for line in out.getvalue().splitlines() if line.strip()]
-    assert lines[0].strip().startswith("✓ int8 › freeze_ranges")
-    assert "worst 8-bit layers" in lines[1] and "rmse/scale" in lines[1]
-    assert [line.split()[-3] for line in lines[2:7]] == ["0.80", "0.70", "0.60", "0.50", "0.40"]
-    assert [line.split()[-5][-5:] for line in lines[2:7]] == [f"conv{i}" for i in (8, 7, 6, 5, 4)]
-    assert [line.split()[0] for line in lines[2:7]].count("!") == 1  # 0.8 only: > 0.7
-    assert all(len(line) <= 80 for line in lines)
-    assert lines[7].strip().startswith("✓ int8 › freeze_ranges") and len(lines) == 8
-
-
 def test_a_layer_after_an_op_left_in_float(separable, digits) -> None:  # noqa: ANN001
     """The Relu after a depthwise convolution and its bias (which stay float): its local
     reference takes the 8-bit graph's own float input."""

@@ -27,11 +27,11 @@ def test_selection_reasons_say_why_each_variant_was_or_was_not_chosen() -> None:
                 "int8b": variant(2048, 2.0), "fast_but_bad": variant(100, 0.5, ok=False)}
     why = selection_reasons(variants, select(variants, ["t"]))["t"]
     assert why["int8b"].startswith("selected: meets every budget; lowest estimated latency "
-                                   "(2.000 ms est.)")
-    assert why["fp32"] == ("meets every budget, but fp32's estimated latency 5.000 ms > "
-                           "int8b's 2.000 ms")
+                                   "(2.00 ms est.)")
+    assert why["fp32"] == ("meets every budget, but fp32's estimated latency 5.00 ms > "
+                           "int8b's 2.00 ms")
     assert why["int8"] == ("meets every budget, same estimated latency as int8b, but larger "
-                           "(3.0 KiB vs 2.0 KiB)")
+                           "(0.00293 MiB vs 0.00195 MiB)")
     assert why["fast_but_bad"] == "breaks a budget: size 100 too large"
     alone = {"a": variant(10, 1.0), "b": variant(10, 1.0, ok=False)}
     assert selection_reasons(alone, select(alone, ["t"]))["t"]["a"].endswith(
@@ -46,17 +46,17 @@ def test_measured_latency_decides_among_estimates_that_tie() -> None:
                 "fp32": variant(1000, 0.057, p50=0.61)}
     assert select(variants, ["t"]) == {"t": "litert_int8"}
     why = selection_reasons(variants, select(variants, ["t"]))["t"]
-    assert "the fastest measured on this host, 0.033 ms p50" in why["litert_int8"]
+    assert "the fastest measured on this host, 33.0 µs p50" in why["litert_int8"]
     assert why["int8"] == ("meets every budget, estimated latency close to litert_int8's "
-                           "(0.030 vs 0.031 ms), but slower measured on this host (1.240 vs "
-                           "0.033 ms p50)")
+                           "(30.0 µs vs 31.0 µs), but slower measured on this host (1.24 ms "
+                           "vs 33.0 µs p50)")
     # beyond the tie the estimate decides, and a measurement pointing the other way is said
     apart = {"int8": variant(266, 0.030, p50=1.24), "fp32": variant(1000, 0.057, p50=0.61)}
     assert select(apart, ["t"]) == {"t": "int8"}
     fp32 = selection_reasons(apart, select(apart, ["t"]))["t"]["fp32"]
-    assert fp32.startswith("meets every budget, but fp32's estimated latency 0.057 ms > "
-                           "int8's 0.030 ms. Measured on this host it is the faster one "
-                           "(0.610 vs 1.240 ms p50)")
+    assert fp32.startswith("meets every budget, but fp32's estimated latency 57.0 µs > "
+                           "int8's 30.0 µs. Measured on this host it is the faster one "
+                           "(610 µs vs 1.24 ms p50)")
     assert "disagree" in fp32
 
 

@@ -96,6 +96,7 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
     float_ops = _float_ops(flatbuffer) if params.mode == "int8" else {}
     info: dict[str, Any] = {}
     metrics: dict[str, float] = {}
+    diagnostics: list[str] = []
     if params.mode == "int8" and params.diagnostic_samples:
         rows = _layer_errors(_converter(given, params, ctx), params, ctx)
         info["layer_errors"] = rows
@@ -104,16 +105,19 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
                                                default=0.0),
                         "layer_nmse_max": max((r["nmse"] or 0.0 for r in rows), default=0.0),
                         "layers_flagged": float(len(flagged))})
-        if flagged:
-            listed = ", ".join(f"{r['node'].split(';')[0]} {r['rmse_over_scale']:.2f}"
+        if flagged:  # diagnostics: report.json and the page, not the console
+            from orchestrator.formatting import layer_names
+
+            short = layer_names([r["node"] for r in rows])  # as the page names them
+            listed = ", ".join(f"{short[r['node']]} {r['rmse_over_scale']:.2f}"
                                for r in flagged[:3])
-            warnings.append(f"{len(flagged)} layer(s) above {LAYER_ERROR_LIMIT} RMSE/scale "
+            diagnostics.append(f"{len(flagged)} layer(s) above {LAYER_ERROR_LIMIT} RMSE/scale "
                             f"(rounding alone: 0.29): {listed}. Where a quality budget "
                             "breaks, the guard (convert_tflite: {guard: true}) keeps such "
                             "layers in float")
     if float_ops:
         listed = ", ".join(f"{op} x{n}" for op, n in sorted(float_ops.items()))
-        warnings.append(f"stay float in the int8 model (no int8 kernel, or kept float): "
+        diagnostics.append(f"stay float in the int8 model (no int8 kernel, or kept float): "
                         f"{listed}")
     metrics.update({"size_ratio": len(flatbuffer) / graph_bytes if graph_bytes else 1.0,
                     "tflite_ops": float(sum(facts.op_counts.values())),
@@ -121,6 +125,8 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
     info["tflite"] = {"mode": params.mode, "io": params.io, "ops": facts.op_counts,
                       "float_ops": float_ops, "float_nodes": list(params.float_nodes),
                       "float_op_types": list(params.float_ops)}
+    if diagnostics:
+        info["diagnostics"] = diagnostics
     return StageResult(artifact=artifact, metrics=metrics, info=info, warnings=warnings)
 
 

@@ -271,10 +271,14 @@ def logits(values: np.ndarray, reference: np.ndarray, kind: str,
 
 
 def kl_divergence(outputs: np.ndarray, reference: np.ndarray) -> float:
-    """Mean over samples of KL(reference || outputs), in nats, of softmax rows."""
+    """Mean over samples of KL(reference || outputs), in nats, of softmax rows. KL is never
+    negative; rows that sum to 1 only up to float rounding can make the sum a hair below
+    zero (-1e-8 for identical models), which is clamped to 0."""
     p = np.clip(np.asarray(reference, np.float64), PROBABILITY_EPSILON, 1.0)
     q = np.clip(np.asarray(outputs, np.float64), PROBABILITY_EPSILON, 1.0)
-    return float(np.mean(np.sum(p * (np.log(p) - np.log(q)), axis=1))) if len(p) else 0.0
+    if not len(p):
+        return 0.0
+    return max(float(np.mean(np.sum(p * (np.log(p) - np.log(q)), axis=1))), 0.0)
 
 
 def is_class_scores(outputs: np.ndarray) -> bool:

@@ -122,18 +122,20 @@ def _add_diagnostics(result: StageResult, params: Params, ctx: StageContext) -> 
     result.metrics.update(layer_errors.summary_metrics(rows))
     result.files["layer_errors.tsv"] = layer_errors.table_tsv(rows).encode()
     bad = layer_errors.flagged(rows)
-    if bad:
-        result.warnings.append(_flag_warning(bad, [r["node"] for r in rows]))
+    if bad:  # a diagnostic: the report turns it into advice where a budget breaks unguarded
+        result.info.setdefault("diagnostics", []).append(
+            _flag_warning(bad, [r["node"] for r in rows]))
 
 
 def _flag_warning(bad: list[dict], names: list[str]) -> str:
-    from orchestrator.layer_errors import FLAG_ABOVE, IDEAL, common_prefix
+    from orchestrator.formatting import layer_names
+    from orchestrator.layer_errors import FLAG_ABOVE, IDEAL
 
-    prefix = common_prefix(names)  # "StatefulPartitionedCall/<model>/" says nothing
+    short = layer_names(names)  # as the page names them: "<scope>/" says nothing
 
     def one(row: dict) -> str:
         clipped = row["clipped_share"] or 0.0
-        return f"{row['node'][len(prefix):]} {row['rmse_over_scale']:.2f}" + (
+        return f"{short[row['node']]} {row['rmse_over_scale']:.2f}" + (
             f" ({clipped:.1%} clipped)" if clipped >= 0.001 else "")
 
     more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""

@@ -333,7 +333,10 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
             left_float[node.op] = left_float.get(node.op, 0) + 1
     plan.note_unconverted(result)
     unfused = sorted(set(biases) - set(fused))  # GTT's pattern was not the expected one
-    warnings = plan.warnings(converted) + ([
+    # ops no eight-bit kernel covers (Softmax...) stay float whatever the recipe says: a
+    # diagnostic for the report, not a warning to act on
+    no_kernel = ks.no_kernel_warning(plan.no_kernel)
+    warnings = [w for w in plan.warnings(converted) if w != no_kernel] + ([
         f"{len(unfused)} bias(es) go through TF's QuantizedBiasAdd, which shifts a layer by up "
         f"to 4 steps (not added in their conv's accumulator): {', '.join(unfused[:3])}"
     ] if unfused else [])
@@ -351,7 +354,8 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
               "bias_adds_rewritten": rewritten, "constant_quantizations_folded": folded,
               "biases_in_accumulator": len(fused),
               "excluded_nodes": hidden, "float_nodes": ks.records(plan.float_nodes()),
-              "strides_equalized": equalized, **corrected[1]},
+              "strides_equalized": equalized, **corrected[1],
+              **({"diagnostics": [no_kernel]} if no_kernel else {})},
         warnings=warnings)
 
 

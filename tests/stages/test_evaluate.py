@@ -297,3 +297,13 @@ def test_an_output_quantized_on_the_device_is_compared_above_half_its_step() -> 
     assert unfloored < figures["logit_sqnr_db"] - 10
     # the same rounding of a float output, not on a grid, keeps the fine floor
     assert compare(probs * (1 + 1e-6), probs, "class_scores")["logit_sqnr_db"] > 100
+
+
+def test_kl_divergence_is_never_negative() -> None:
+    from orchestrator.stages.evaluate import kl_divergence
+
+    reference = np.array([[0.5, 0.5], [0.25, 0.75]])
+    # float rounding: the 8-bit side's rows sum to a hair above 1 (KL would be -1e-8)
+    nudged = reference + np.array([[0.0, 2e-8], [1e-8, 1e-8]])
+    assert kl_divergence(nudged, reference) == 0.0
+    assert kl_divergence(reference[:, ::-1], reference) > 0.1  # a real difference stays
