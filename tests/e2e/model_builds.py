@@ -1,9 +1,10 @@
 """Train a test model (tests/e2e/models_*.py) seeded in a fresh Python process: its seeds,
 op determinism, thread counts and Keras state stay out of the test session.
 
-A build is deterministic: the same weights, bit for bit, on every run and every machine
-(`deterministic` below; tests/e2e/test_model_builds.py checks it). A test that trains a
-model therefore sees one outcome, not a draw.
+A build is deterministic: the same weights, bit for bit, on every run (`deterministic`
+below; tests/e2e/test_model_builds.py checks it), and with one thread and no oneDNN they do
+not depend on the machine's core count either. A test that trains a model therefore sees
+one outcome, not a draw.
 """
 
 from __future__ import annotations
@@ -66,16 +67,18 @@ def weights_digest(model_file: Path) -> str:
     return digest.hexdigest()
 
 
-def build(module: str, folder: Path, timeout: float = 600) -> dict[str, Any]:
-    """`<module>.make(folder)` in a subprocess; returns the facts it prints as JSON, with
-    `weights_sha256` (weights_digest of the model.keras it wrote)."""
+def build(module: str, folder: Path, timeout: float = 600, **make_args: Any
+          ) -> dict[str, Any]:
+    """`<module>.make(folder, **make_args)` in a subprocess (make_args: Python literals);
+    returns the facts it prints as JSON, with `weights_sha256` (weights_digest of the
+    model.keras it wrote)."""
     code = textwrap.dedent(f"""
         import json, sys
         from pathlib import Path
         sys.path.insert(0, {str(HERE)!r})
         import model_builds, {module}
         folder = Path({str(folder)!r})
-        facts = {module}.make(folder)
+        facts = {module}.make(folder, **{make_args!r})
         facts["weights_sha256"] = model_builds.weights_digest(folder / "model.keras")
         print(json.dumps(facts))
     """)
