@@ -144,13 +144,16 @@ class MlflowUi:
         raise UiError(f"the MLflow UI did not answer at {self.base_url} in {timeout:.0f} s:"
                       f"\n{_tail(self.log)}")
 
-    def experiment_id(self, name: str) -> str | None:
-        """The id of the experiment `name` (None when it has none yet)."""
+    def experiment(self, name: str) -> dict[str, Any] | None:
+        """The experiment `name` as MLflow's REST API gives it (None when there is none)."""
         query = urllib.parse.urlencode({"experiment_name": name})
         status, body = _get(f"{self.base_url}/api/2.0/mlflow/experiments/get-by-name?{query}")
-        if status != 200:
-            return None
-        return str(json.loads(body)["experiment"]["experiment_id"])
+        return json.loads(body)["experiment"] if status == 200 else None
+
+    def experiment_id(self, name: str) -> str | None:
+        """The id of the experiment `name` (None when it has none yet)."""
+        found = self.experiment(name)
+        return None if found is None else str(found["experiment_id"])
 
     def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM to its process group (the CLI and its uvicorn), SIGKILL what is left."""
@@ -171,11 +174,16 @@ class MlflowUi:
         self.log.close()
 
 
-def mlflow_url(base_url: str, experiment_id: str | None) -> str:
-    """The runs of `experiment_id` in the classic view, else the experiments list."""
+def mlflow_url(base_url: str, experiment_id: str | None, key_metrics: bool = False) -> str:
+    """The runs of `experiment_id` in the classic view (with `key_metrics`, in the saved
+    view whose columns are the key metrics: tracking.key_metrics_view), else the
+    experiments list."""
+    from orchestrator.tracking_common import KEY_METRICS_VIEW, VIEW_QUERY
+
     if experiment_id is None:
         return f"{base_url}/#/experiments?{CLASSIC_VIEW}"
-    return f"{base_url}/#/experiments/{experiment_id}/runs?{CLASSIC_VIEW}"
+    view = f"&{VIEW_QUERY}={KEY_METRICS_VIEW}" if key_metrics else ""
+    return f"{base_url}/#/experiments/{experiment_id}/runs?{CLASSIC_VIEW}{view}"
 
 
 def _local_store(uri: str) -> Path | None:
@@ -307,13 +315,18 @@ def _launch_mlflow(dashboards: Dashboards, uri: str, port: int | None, root: Pat
 
 def _mlflow_lines(dashboards: Dashboards, uri: str, recipe: str | None) -> list[str]:
     """Wait for the MLflow UI; the lines that say where it is and what it shows."""
-    from orchestrator.tracking_common import redact
+    from orchestrator.tracking_common import KEY_METRICS_VIEW, SAVED_VIEW_TAG, redact
 
     if dashboards.mlflow is None:
         return [f"MLflow   {redact(uri).rstrip('/')}/#/experiments?{CLASSIC_VIEW}",
                 "         your MLFLOW_TRACKING_URI's server"]
     dashboards.mlflow.wait_ready()
-    experiment = dashboards.mlflow.experiment_id(recipe) if recipe else None
+    found = dashboards.mlflow.experiment(recipe) if recipe else None
+    experiment = None if found is None else str(found["experiment_id"])
+    # the key metrics as columns, where a run has saved that view (MLflow: an unknown one
+    # is an error on the page)
+    view = found is not None and any(tag.get("key") == SAVED_VIEW_TAG + KEY_METRICS_VIEW
+                                     for tag in found.get("tags") or [])
     where = f"tracking {redact(uri)}"
     if recipe is None:
         what = f"the experiments in {where}"
@@ -321,7 +334,8 @@ def _mlflow_lines(dashboards: Dashboards, uri: str, recipe: str | None) -> list[
         what = f"no experiment {recipe!r} yet (run the recipe first): all experiments in {where}"
     else:
         what = f"experiment {recipe!r} in {where}"
-    return [f"MLflow   {mlflow_url(dashboards.mlflow.base_url, experiment)}", f"         {what}"]
+    return [f"MLflow   {mlflow_url(dashboards.mlflow.base_url, experiment, view)}",
+            f"         {what}"]
 
 
 def _prefect_lines(dashboards: Dashboards, own: str | None, port: int | None) -> list[str]:

@@ -182,6 +182,11 @@ def test_tracking_defaults_to_the_project_root(tmp_path: Path,
         "&viewStateShareKey=orchestrator-key-metrics")
     assert experiment_url("http://127.0.0.1:5000/", "3", key_metrics=False) == (
         "http://127.0.0.1:5000/#/experiments/3/runs?workflowType=machine_learning")
+    # `orchestrator ui` links to the same view (where a run has saved it)
+    from orchestrator.ui import mlflow_url
+
+    assert mlflow_url("http://127.0.0.1:5000", "3", key_metrics=True) == (
+        experiment_url("http://127.0.0.1:5000/", "3"))
     assert run_url("http://127.0.0.1:5000", "3", "ab12") == (
         "http://127.0.0.1:5000/#/experiments/3/runs/ab12?workflowType=machine_learning")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'elsewhere' / 'm.db'}")
