@@ -5,7 +5,7 @@ Read from what the tracking worker (orchestrator.tracking) logs on each recipe r
 run, in the experiment named like the recipe: the tags `selected.<target>` ("none" when no
 variant met the budgets), the metrics `<variant>.size_bytes`, `.accuracy`, `.fidelity`,
 `.latency_p50_ms` (measured on the run's host) and `.est_latency_ms.<target>` (estimated
-from FLOPs for the target's device), the param `recipe.git_commit`, and the host from the
+for the target's device), the param `recipe.git_commit`, and the host from the
 run's report.json artifact. A run that failed, is still running or selected nothing stays
 in the history as such.
 
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import OrchestratorError, OutputError
+from orchestrator.formatting import MIB, SIZE_UNIT_NOTE, format_ms, format_size
 from orchestrator.run_names import short_commit
 
 if TYPE_CHECKING:
@@ -57,14 +58,14 @@ class Row:
     selected: str | None  # None: nothing selected (see note)
     note: str | None  # why nothing was selected, or that the run failed
     size_bytes: int | None = None
-    size_kib: float | None = None
+    size_mib: float | None = None  # MiB (1,048,576 bytes), the unit of max_size_mb
     quality_metric: str = "accuracy"  # or "fidelity" (a recipe without labels)
     quality: float | None = None
     accuracy: float | None = None
     fidelity: float | None = None
     latency_p50_ms: float | None = None  # measured on `host`
     host: str | None = None
-    est_latency_ms: float | None = None  # estimated for `device` from FLOPs
+    est_latency_ms: float | None = None  # estimated for `device`
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -247,7 +248,7 @@ def _fill(row: Row, variant: str, metrics: Mapping[str, float],
 
     size = metric("size_bytes")
     row.size_bytes = None if size is None else int(size)
-    row.size_kib = None if size is None else round(size / 1024, 3)
+    row.size_mib = None if size is None else round(size / MIB, 6)
     row.accuracy = metric("accuracy")
     row.fidelity = metric("fidelity")
     row.quality = row.accuracy if row.quality_metric == "accuracy" else row.fidelity
@@ -289,6 +290,16 @@ def _num(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _cells(rows: Sequence[Row], hosts: Mapping[str, int]) -> list[list[str]]:
+    """Timings as formatting.format_ms writes them (3 significant digits, µs below 1 ms),
+    sizes in MiB (3 significant digits) beside the exact bytes."""
+    return [[row.start_time, row.git_commit or "-", row.target or "-", row.selected or "-",
+             _num(row.size_bytes, ","), format_size(row.size_bytes, unit=False),
+             _num(row.quality, ".4f"), format_ms(row.latency_p50_ms),
+             f"[{hosts[row.host]}]" if row.host in hosts else "-",
+             format_ms(row.est_latency_ms), row.note or ""] for row in rows]
+
+
 def format_table(rows: Sequence[Row], recipe_name: str) -> str:
     """The rows as a plain text table, with a footnote per measuring host and device."""
     hosts: dict[str, int] = {}
@@ -296,13 +307,9 @@ def format_table(rows: Sequence[Row], recipe_name: str) -> str:
         if row.host is not None and row.host not in hosts:
             hosts[row.host] = len(hosts) + 1
     metric = rows[0].quality_metric if rows else "accuracy"
-    header = ["started (UTC)", "commit", "target", "selected", "size bytes", "KiB", metric,
-              "p50 ms measured", "host", "est. ms device", "note"]
-    body = [[row.start_time, row.git_commit or "-", row.target or "-", row.selected or "-",
-             _num(row.size_bytes, ","), _num(row.size_kib, ",.1f"), _num(row.quality, ".4f"),
-             _num(row.latency_p50_ms, ".4f"),
-             f"[{hosts[row.host]}]" if row.host in hosts else "-",
-             _num(row.est_latency_ms, ".4f"), row.note or ""] for row in rows]
+    header = ["started (UTC)", "commit", "target", "selected", "size bytes", "MiB", metric,
+              "p50 measured", "host", "est. device", "note"]
+    body = _cells(rows, hosts)
     right = {4, 5, 6, 7, 9}
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
     count = len({row.run_id for row in rows})
@@ -318,8 +325,10 @@ def format_table(rows: Sequence[Row], recipe_name: str) -> str:
         lines.append("host -: the run recorded none (older runs, or no report.json)")
     devices = {row.target: row.device for row in rows if row.target and row.device}
     if devices:
-        lines.append("est. ms: estimated from FLOPs for the target's device ("
+        lines.append("est. device: estimated for the target's device ("
                      + ", ".join(f"{t}: {d}" for t, d in devices.items()) + "), not measured")
+    if any(row.size_bytes is not None for row in rows):
+        lines.append(SIZE_UNIT_NOTE)
     return "\n".join(lines)
 
 
@@ -344,11 +353,23 @@ def _tick(row: Row) -> str:
 
 
 def chart(rows: Sequence[Row], recipe_name: str) -> bytes:
-    """Three stacked panels sharing the runs' axis (oldest left): size, accuracy (or
-    fidelity) and latency of the variant each target selected; one line per target, one
-    marker shape per variant, each change of variant named where it happens."""
+    """history.png: chart_figure as PNG bytes."""
     import io
 
+    from orchestrator.plots import pyplot
+
+    figure = chart_figure(rows, recipe_name)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
+    pyplot().close(figure)
+    return buffer.getvalue()
+
+
+def chart_figure(rows: Sequence[Row], recipe_name: str) -> Any:
+    """Three stacked panels sharing the runs' axis (oldest left): size, accuracy (or
+    fidelity) and latency of the variant each target selected; one line per target, one
+    marker shape per variant, each change of variant named where it happens; the legend
+    below them (the whole figure is the picture: nothing is cut at its edges)."""
     from orchestrator.plots import pyplot
 
     plt = pyplot()
@@ -368,7 +389,7 @@ def chart(rows: Sequence[Row], recipe_name: str) -> bytes:
     width = min(18.0, max(8.0, 3.5 + 0.75 * len(runs)))
     figure, axes = plt.subplots(3, 1, figsize=(width, 9.5), sharex=True, layout="constrained")
     size_ax, quality_ax, latency_ax = axes
-    panels = [(size_ax, lambda r: r.size_kib), (quality_ax, lambda r: r.quality),
+    panels = [(size_ax, lambda r: r.size_mib), (quality_ax, lambda r: r.quality),
               (latency_ax, lambda r: r.latency_p50_ms)]
     for target in targets:
         mine = {index[r.run_id]: r for r in rows if r.target == target}
@@ -387,15 +408,15 @@ def chart(rows: Sequence[Row], recipe_name: str) -> bytes:
                         marker="o", markerfacecolor="white", markersize=5, zorder=2)
         _name_changes(axes, mine, xs, color[target], targets.index(target))
     _mark_gaps(axes, rows, index, blended_transform_factory, color, offset)
-    size_ax.set_ylabel("shipped size, KiB")
+    size_ax.set_ylabel("shipped size, MiB")
     quality_ax.set_ylabel(f"{metric} (measured,\nevaluation data)" if metric == "accuracy"
                           else "fidelity (top-1 agreement\nwith the source model)")
     hosts = list(dict.fromkeys(r.host for r in rows if r.host))
-    latency_ax.set_ylabel("latency, ms")
+    latency_ax.set_ylabel("latency")
     measured_on = ("; ".join(hosts[:2]) + (f"; +{len(hosts) - 2} more" if len(hosts) > 2
                                            else "")) if hosts else "not recorded"
     latency_ax.set_title("solid: p50 measured on the run's host · dashed: estimated for the "
-                         f"target's device from FLOPs\nmeasured on: {measured_on}",
+                         f"target's device\nmeasured on: {measured_on}",
                          fontsize=8, loc="left")
     size_ax.set_title("the variant each target selected, per run", fontsize=9, loc="left")
     quality_ax.set_title(f"its {metric}", fontsize=9, loc="left")
@@ -405,6 +426,10 @@ def chart(rows: Sequence[Row], recipe_name: str) -> bytes:
         ax.tick_params(labelsize=8)
         ax.margins(y=0.25)
     _latency_scale(latency_ax, rows)  # after: a log axis has no plain-number format
+    for ax in (size_ax, latency_ax):  # sizes and timings: no room below zero
+        bottom, top = ax.get_ylim()
+        if ax.get_yscale() == "linear" and bottom < 0:
+            ax.set_ylim(0.0, top)
     _fraction_limits(quality_ax, [r.quality for r in rows])
     ticks = list(range(0, len(runs), max(1, math.ceil(len(runs) / MAX_TICKS))))
     latency_ax.set_xticks(ticks, [_tick(runs[i]) for i in ticks], fontsize=7)
@@ -417,18 +442,16 @@ def chart(rows: Sequence[Row], recipe_name: str) -> bytes:
                        markeredgecolor="black", markersize=7, label=v) for v in variants]
     handles += [Line2D([], [], color="black", label="measured (host p50)"),
                 Line2D([], [], color="black", linestyle="--", marker="o",
-                       markerfacecolor="white", label="estimated (device, FLOPs)"),
+                       markerfacecolor="white", label="estimated (device)"),
                 Line2D([], [], linestyle="", marker="x", color="black",
                        label="nothing selected")]
-    figure.legend(handles=handles, loc="outside right upper", fontsize=8,
-                  title="target (device) · variant", title_fontsize=8)
+    figure.legend(handles=handles, loc="outside lower center", fontsize=8,
+                  ncol=min(len(handles), 4), title="target (device) · variant",
+                  title_fontsize=8)
     figure.suptitle(f"{recipe_name}: the selected variant across {len(runs)} "
                     f"run{'' if len(runs) == 1 else 's'}",
                     fontsize=12)
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=100)
-    plt.close(figure)
-    return buffer.getvalue()
+    return figure
 
 
 def _nan(value: float | None) -> float:
@@ -448,11 +471,11 @@ def _name_changes(axes: Sequence[Any], mine: Mapping[int, Row], xs: Sequence[flo
     previous: str | None = None
     for i in sorted(mine):
         row = mine[i]
-        if row.selected is None or row.size_kib is None:
+        if row.selected is None or row.size_mib is None:
             continue
         if row.selected != previous:
             arrow = "" if previous is None else f"{previous} → "
-            ax.annotate(f"{arrow}{row.selected}", (xs[i], row.size_kib), fontsize=7.5,
+            ax.annotate(f"{arrow}{row.selected}", (xs[i], row.size_mib), fontsize=7.5,
                         color=color, xytext=(6, 8 + 11 * slot), textcoords="offset points",
                         bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": color,
                               "lw": 0.6, "alpha": 0.9}, zorder=5)
@@ -504,18 +527,19 @@ def _fraction_limits(ax: Any, values: Iterable[float | None]) -> None:
 
 
 def _latency_scale(ax: Any, rows: Sequence[Row]) -> None:
-    """A log scale when measured and estimated latencies are orders of magnitude apart."""
+    """A log scale when measured and estimated latencies are orders of magnitude apart;
+    ticks read as the table does (format_ms: 20.0 µs, 1.50 ms)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
     values = [v for r in rows for v in (r.latency_p50_ms, r.est_latency_ms)
               if v is not None and v > 0]
     if values and max(values) / min(values) > 30:
-        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
         ax.set_yscale("log")
-        ax.set_ylabel("latency, ms (log scale)")
-        # plain milliseconds (0.05, 0.1, 0.2...), not powers of ten
+        ax.set_ylabel("latency (log scale)")
         ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
         ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: format_ms(value)
+                                               if value > 0 else "0"))
 
 
 def _umask() -> int:

@@ -4,6 +4,7 @@ the selected variant per target across them, as rows, a table and history.png.""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import struct
 import subprocess
@@ -120,7 +121,7 @@ def test_rows_equal_each_runs_report(tracked: dict, capsys: pytest.CaptureFixtur
                 assert row[key] == pytest.approx(variant[key], rel=1e-12), key
             assert row["quality_metric"] == "accuracy"  # digits has labels
             assert row["quality"] == pytest.approx(variant["accuracy"], rel=1e-12)
-            assert row["size_kib"] == pytest.approx(variant["size_bytes"] / 1024, abs=1e-3)
+            assert row["size_mib"] == pytest.approx(variant["size_bytes"] / 1048576, abs=1e-6)
             assert row["latency_p50_ms"] == pytest.approx(variant["latency_ms"]["p50"],
                                                           rel=1e-12)
             assert row["est_latency_ms"] == pytest.approx(
@@ -140,14 +141,18 @@ def test_table_and_chart(tracked: dict, capsys: pytest.CaptureFixture[str]) -> N
     assert code == 0, err
     lines = out.splitlines()
     assert lines[1].split()[:4] == ["started", "(UTC)", "commit", "target"]
-    assert "p50 ms measured" in lines[1] and "accuracy" in lines[1]
+    assert "p50 measured" in lines[1] and "MiB" in lines[1] and "accuracy" in lines[1]
     second = tracked["reports"][1]
     chosen = second["selected"]["phone"]
     size = f"{second['variants'][chosen]['size_bytes']:,}"
     assert any(chosen in line and size in line and tracked["commits"][1][:7] in line
                for line in lines)
     assert "no variant met the budgets" in out and "run failed" in out
-    assert "p50 measured on: " in out and "estimated from FLOPs" in out
+    assert "p50 measured on: " in out and "estimated for the target's device" in out
+    assert "MiB = 1,048,576 bytes" in out
+    # timings with 3 significant digits, in µs below 1 ms (LiteRT's are a few µs)
+    litert = [line for line in lines if "litert_dynamic" in line]
+    assert litert and all(re.search(r"\d+(\.\d+)? µs", line) for line in litert), litert
     # the default folder: out/<recipe name> at the recipe's project root (its git folder)
     chart = work / "out" / "digits-cnn" / "history.png"
     assert f"chart: {chart}" in out

@@ -1,0 +1,168 @@
+"""The report's pictures and history.png as a person reads them: read back from the drawn
+matplotlib figures (label boxes, axis limits, colour bars, legends), not from pixels."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from orchestrator import plots
+from orchestrator.history import Row, chart_figure
+
+FOUR_AT_ONE_DOT = {"int8": (278_900, 7.41), "mobile": (279_100, 5.75),
+                   "litert_dynamic": (281_700, 0.0569), "litert_int8": (284_400, 0.0296)}
+LONG = "StatefulPartitionedCall/digits_cnn_1/"
+
+
+def _variant(size: int, accuracy: float, est_ms: float, runs: list[float] | None = None,
+             **extra: Any) -> dict[str, Any]:
+    targets = {"phone": {"device": "phone-2016", "est_latency_ms": est_ms,
+                         "budgets_ok": True},
+               "pi": {"device": "raspberry-pi-3", "est_latency_ms": est_ms * 4,
+                      "budgets_ok": True}}
+    variant = {"size_bytes": size, "accuracy": accuracy, "source_accuracy": 0.9933,
+               "fidelity": 1.0, "targets": targets, "threads": 2, **extra}
+    if runs:
+        ordered = sorted(runs)
+        variant["latency_runs_ms"] = runs
+        variant["latency_ms"] = {"p50": ordered[len(runs) // 2],
+                                 "p99": ordered[int(0.99 * (len(runs) - 1))]}
+    return variant
+
+
+def _report(accuracy: float = 0.9933) -> dict[str, Any]:
+    """The digits report's shape: four variants within a few KiB and at one accuracy, fp32
+    four times their size; runs with a few slow outliers; LiteRT without a per-op profile."""
+    rng = random.Random(7)
+    slow = [rng.uniform(0.5, 0.9) for _ in range(46)] + [9.0, 25.0, 66.0, 102.0]
+    tight = [rng.uniform(0.20, 0.26) for _ in range(50)]
+    profile = {"source": "step_stats", "by_node_type": [
+        {"node type": "MatMul", "avg ms": 0.087, "avg %": 58.0},
+        {"node type": "Conv2D", "avg ms": 0.038, "avg %": 25.0}]}
+    no_profile = {"source": None, "note": "LiteRT's Python interpreter has no per-op profiler"}
+    layers = [{"node": f"{LONG}dense1_1/MatMul;{LONG}relu3_1/Relu", "op": "FULLY_CONNECTED",
+               "rmse_over_scale": 0.43},
+              {"node": f"{LONG}probs_1/BiasAdd", "op": "BiasAdd", "rmse_over_scale": 1.07},
+              {"node": f"{LONG}relu1_1/Relu", "op": "Relu", "rmse_over_scale": 0.0},
+              {"node": "Identity", "op": "SOFTMAX", "rmse_over_scale": 0.22}]
+    variants = {"fp32": _variant(1_076_839, accuracy, 2.23, tight, profile=profile)}
+    for name, (size, est) in FOUR_AT_ONE_DOT.items():
+        litert = name.startswith("litert")
+        variants[name] = _variant(size, accuracy, est, slow,
+                                  profile=no_profile if litert else profile,
+                                  layer_errors=layers if name in ("int8", "litert_int8")
+                                  else None)
+    budgets = {"max_size_mb": 1.0, "max_accuracy_drop": 0.01}
+    return {"variants": variants, "selected": {"phone": "litert_int8", "pi": "litert_int8"},
+            "targets": {"phone": {"device": "phone-2016", "budgets": budgets},
+                        "pi": {"device": "raspberry-pi-3", "budgets": budgets}}}
+
+
+def _boxes_overlap(boxes: list[Any]) -> list[tuple[int, int]]:
+    return [(i, j) for i in range(len(boxes)) for j in range(i) if boxes[i].overlaps(boxes[j])]
+
+
+@pytest.mark.parametrize("accuracy", [0.9933, 1.0])
+def test_tradeoff_separates_variants_on_one_dot(accuracy: float) -> None:
+    figure = plots.tradeoff_figure(_report(accuracy))
+    renderer = figure.canvas.get_renderer()
+    panels = [ax for ax in figure.axes if ax.get_xlabel() == "shipped size, MiB"]
+    assert len(panels) == 2
+    for ax in panels:
+        # each variant a dot of its own: five distinct places on the screen, not one
+        dots = [tuple(c.get_offset_transform().transform(c.get_offsets()[0]).round())
+                for c in ax.collections if c.get_sizes()[0] == plots.MARKER_SIZE]
+        assert len(dots) == 5 and len(set(dots)) == 5
+        colours = [tuple(c.get_facecolor()[0]) for c in ax.collections
+                   if c.get_sizes()[0] == plots.MARKER_SIZE]
+        assert len(set(colours)) == 5  # est. latencies 0.03..7.4 ms: five colours
+        # labels: one for the cluster of four (naming them all), one for fp32; apart
+        labels = [t for t in ax.texts if t.get_text()]
+        assert len(labels) == 2
+        cluster = next(t.get_text() for t in labels if "left to right" in t.get_text())
+        assert all(name in cluster for name in FOUR_AT_ONE_DOT)
+        assert not _boxes_overlap([plots.text_box(t, renderer) for t in labels])
+        # accuracy is a fraction: the axis stays within [0, 1], padding inside only
+        low, high = ax.get_ylim()
+        assert 0.0 <= low < min(0.9933 - 0.01, accuracy) and accuracy <= high <= 1.0
+        assert ax.get_xlim()[0] == 0.0
+    bars = [ax for ax in figure.axes if "estimated latency on" in ax.get_ylabel()]
+    assert len(bars) == 2  # a colour bar per target, saying it is an estimate
+    assert bars[0].get_yscale() == "log"  # 30 µs to 7.4 ms: one colour each needs a log
+    assert plots.tradeoff(_report(accuracy)).startswith(b"\x89PNG")
+
+
+def test_latency_histogram_is_not_one_bar() -> None:
+    report = _report()
+    figure = plots.latency_figure(report["variants"])
+    by_title = {ax.get_title().split(":")[0]: ax for ax in figure.axes if ax.get_visible()}
+    int8, fp32 = by_title["int8"], by_title["fp32"]
+    runs = report["variants"]["int8"]["latency_runs_ms"]
+    # a few runs 100x slower: a log axis over the runs' own range, the p99 inside it
+    assert int8.get_xscale() == "log" and "log scale" in int8.get_xlabel()
+    low, high = int8.get_xlim()
+    assert report["variants"]["int8"]["latency_ms"]["p99"] <= high <= max(runs)
+    assert low >= min(runs) * 0.999
+    heights = [patch.get_height() for patch in int8.patches]
+    # on a linear axis 46 of 50 runs would share the first of 16 bars; here they spread
+    assert max(heights) < 0.6 * len(runs)
+    # a tight spread stays linear, in µs (below 1 ms), within its runs
+    assert fp32.get_xscale() == "linear" and "µs" in fp32.get_xlabel()
+    fp32_runs = report["variants"]["fp32"]["latency_runs_ms"]
+    assert fp32.get_xlim()[1] <= max(fp32_runs) * 1000 * 1.0001
+
+
+def test_op_time_leaves_out_pipelines_without_a_profile_and_says_why() -> None:
+    figure = plots.op_time_figure(_report()["variants"])
+    titles = [ax.get_title() for ax in figure.axes if ax.get_visible()]
+    assert titles == ["fp32: time per op type", "int8: time per op type",
+                      "mobile: time per op type"]
+    footer = figure.get_supxlabel()
+    assert "litert_dynamic" in footer and "litert_int8" in footer
+    assert "no per-op profiler" in footer
+    assert plots.op_time_figure({"litert_int8": _report()["variants"]["litert_int8"]}) is None
+
+
+def test_layer_errors_read_as_layers() -> None:
+    figure = plots.layer_error_figure(_report()["variants"])
+    for ax in (a for a in figure.axes if a.get_visible()):
+        labels = [t.get_text() for t in ax.get_yticklabels()]
+        assert set(labels) == {"dense1_1/MatMul", "probs_1/BiasAdd", "relu1_1/Relu",
+                               "Identity"}
+        assert all(t.get_fontsize() >= 8 for t in ax.get_yticklabels())
+        values = [t.get_text() for t in ax.texts]
+        assert "0.00" in values and "1.07" in values  # a zero reads as zero, not missing
+        red = [p for p in ax.patches if p.get_facecolor()[0] > 0.7]
+        assert len(red) == 1  # probs_1/BiasAdd, above the 0.7 flag
+
+
+def _rows(latencies: list[float]) -> list[Row]:
+    rows = []
+    for i, p50 in enumerate(latencies):
+        for target, device in (("phone", "phone-2016"), ("pi", "raspberry-pi-3")):
+            rows.append(Row(run_id=f"r{i}", run_name=f"d@0123456 #{i + 1}",
+                            start_time=f"2026-01-0{i + 1}T10:00:00Z", status="FINISHED",
+                            git_commit="0123456", target=target, device=device,
+                            selected="litert_int8", note=None, size_bytes=277_760,
+                            size_mib=277_760 / 1048576, quality=0.9933, accuracy=0.9933,
+                            latency_p50_ms=p50, host="AMD EPYC, 2 cores",
+                            est_latency_ms=0.0296 if target == "phone" else 0.118))
+    return rows
+
+
+def test_history_legend_fits_and_latency_stays_above_zero() -> None:
+    figure = chart_figure(_rows([0.0096, 0.0073, 0.0060]), "digits-cnn")
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    (legend,) = figure.legends
+    inside = figure.bbox
+    box = legend.get_window_extent(renderer)
+    assert inside.x0 <= box.x0 and box.x1 <= inside.x1, (box, inside)
+    assert inside.y0 <= box.y0 and box.y1 <= inside.y1, (box, inside)
+    size_ax, _, latency_ax = figure.axes[:3]
+    assert latency_ax.get_yscale() == "linear" and latency_ax.get_ylim()[0] == 0.0
+    assert size_ax.get_ylim()[0] >= 0.0 and "MiB" in size_ax.get_ylabel()
+    labels = [t.get_text() for t in latency_ax.get_yticklabels()]
+    assert any(label.endswith(" µs") for label in labels), labels
