@@ -348,8 +348,12 @@ def _runs_of(rows: Sequence[Row]) -> list[Row]:
 
 
 def _tick(row: Row) -> str:
+    """Start time, commit, and the run's number among re-runs of that commit (as MLflow
+    names it: `digits-cnn@249b3fe #2`)."""
     stamp = row.start_time.replace("T", "\n").removesuffix("Z")
-    return f"{stamp}\n@{row.git_commit}" if row.git_commit else stamp
+    number = row.run_name.rpartition(" #")[2] if " #" in row.run_name else ""
+    number = f" #{number}" if number.isdigit() else ""
+    return f"{stamp}\n@{row.git_commit}{number}" if row.git_commit else stamp + number
 
 
 def chart(rows: Sequence[Row], recipe_name: str) -> bytes:

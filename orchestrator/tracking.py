@@ -92,6 +92,7 @@ PARENT_METRICS = ("size_bytes", "gzip_size_bytes", "accuracy", "accuracy_drop", 
 # figures, the runs table's columns by default (key_metrics_view), whichever variant it is
 SELECTED_PREFIX = "selected."
 SELECTED_METRICS = ("size_bytes", "latency_p50_ms", "est_latency_ms")
+RUN_NAME_COLUMN = "attributes.`Run Name`"  # MLflow 3.17's id of the runs table's column
 
 
 def artifact_root(tracking_uri: str) -> str | None:
@@ -224,7 +225,11 @@ def key_metrics_view(report: Mapping[str, Any], created_ms: int, now_ms: int
         columns.append(f"tags.`{SELECTED_PREFIX}{target}`")
         columns += [f"metrics.`{SELECTED_PREFIX}{target}.{key}`"
                     for key in (quality, *SELECTED_METRICS)]
-    state = {"selectedColumns": columns, "orderByKey": "attributes.start_time",
+    # wide enough for the whole name (MLflow's 100 px cut them all to "selected.phone…"):
+    # the widths apply to the columns the order names, the run's name (and its #N) first
+    widths = {RUN_NAME_COLUMN: 240, **{c: 7 * len(c.split("`")[1]) + 30 for c in columns}}
+    state = {"selectedColumns": columns, "columnOrder": [RUN_NAME_COLUMN, *columns],
+             "columnWidths": widths, "orderByKey": "attributes.start_time",
              "orderByAsc": False}
     envelope = {"name": KEY_METRICS_VIEW_NAME, "createdAt": created_ms, "updatedAt": now_ms,
                 "state": json.dumps(state)}

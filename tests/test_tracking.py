@@ -286,6 +286,10 @@ def _view_columns(tags: dict[str, str]) -> list[str]:
     assert isinstance(envelope["createdAt"], int) and isinstance(envelope["state"], str)
     state = json.loads(envelope["state"])
     assert state["orderByKey"] == "attributes.start_time" and state["orderByAsc"] is False
+    # each column wide enough for its name, the run's name (with its #N) first
+    assert state["columnOrder"] == ["attributes.`Run Name`", *state["selectedColumns"]]
+    for column in state["columnOrder"]:
+        assert state["columnWidths"][column] >= 7 * len(column.split("`")[1]), column
     return state["selectedColumns"]
 
 
