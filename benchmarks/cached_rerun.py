@@ -69,7 +69,16 @@ def measure(recipe: Path, label: str, new_machine: bool = False,
         finally:  # the server the first run left for later runs: not for after this one
             state = work / ".orchestrator" / STATE_FILE
             if state.is_file():
-                os.kill(json.loads(state.read_text())["pid"], signal.SIGTERM)
+                pid = json.loads(state.read_text())["pid"]
+                os.kill(pid, signal.SIGTERM)
+                # it writes into .orchestrator until it exits: removing the folder before
+                # that failed with "Directory not empty" on a loaded machine
+                for _ in range(300):
+                    try:
+                        os.kill(pid, 0)
+                    except ProcessLookupError:
+                        break
+                    time.sleep(0.1)
     stages = [s for v in report2["variants"].values() for s in v["stages"]]
     cached = sum(s["cached"] for s in stages)
     stage_seconds = sum(s["seconds"] for v in report1["variants"].values()
