@@ -224,6 +224,14 @@ def summarize(graph_def: GraphDef, inputs: Sequence[str] | None = None,
     }
 
 
+# What `params` counts, said where it is printed: a training script's count (Keras'
+# count_params: weights and batch norm's statistics, before freezing) differs from it
+PARAMS_COUNTED = ("params: {params:,}, the elements of the graph's numeric constant tensors "
+                  "and variables: weights, biases, batch norm's parameters until `fold` "
+                  "merges them into the weights, and small constants (shapes, 8-bit ranges); "
+                  "report.json's `params` counts the same in the shipped file")
+
+
 def _human(count: int) -> str:
     """12345 -> '12.35k', as summarize_graph's HumanReadableNum."""
     for limit, suffix in ((10**12, "T"), (10**9, "B"), (10**6, "M"), (10**3, "k")):
@@ -263,6 +271,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     const, var = summary["const_params"], summary["variable_params"]
     lines.append(f"Found {const} ({_human(const)}) const parameters, {var} ({_human(var)}) "
                  f"variable parameters, and {summary['control_edges']} control_edges")
+    lines.append(PARAMS_COUNTED.format(params=summary["params"]))
     for device, count in summary["devices"].items():
         lines.append(f"{count} nodes assigned to device '{device}'")
     for bad in summary["invalid_inputs"]:

@@ -75,3 +75,12 @@ def test_functions_counted_and_text_layout() -> None:
     assert text.splitlines()[0] == "Found 1 possible inputs: (name=x, type=float32, shape=[?,4])"
     assert "No variables spotted." in text
     assert "const parameters" in text and "Op types used: " in text
+
+
+def test_the_text_says_what_params_counts() -> None:
+    artifact = call_graph()
+    summary = graph_info.summarize(artifact.graph_def, artifact.input_names,
+                                   list(artifact.outputs))
+    text = graph_info.format_summary(summary)
+    assert f"params: {summary['params']:,}, the elements of the graph's numeric constant" in text
+    assert "report.json's `params` counts the same in the shipped file" in text
