@@ -187,6 +187,14 @@ def _binary(size: int) -> str:
     return f"{size} B"
 
 
+def flops_text(flops: int | None, precision: str) -> str:
+    """The FLOPs line `benchmark` and `inspect` print alike."""
+    if flops is None:
+        return "  FLOPs: not counted (see the warning)"
+    return (f"  FLOPs: {flops:,} ({_human(flops)}) per sample, {precision} (2 per "
+            "multiply-add, batch 1)")
+
+
 def format_report(opened: OpenedModel, artifact: ModelArtifact, params: Any,
                   result: StageResult) -> str:
     """benchmark_model's report: what was run, the measured figures (timings per threads
@@ -229,10 +237,8 @@ def format_report(opened: OpenedModel, artifact: ModelArtifact, params: Any,
             lines.append(f"... {len(top) - _TOP_ROWS} more nodes, {rest:.3f}% of the time")
         columns, by_type = _tsv_rows(result.files[profiling.BY_TYPE_FILE])
         lines += ["", profiling.text_table("Summary by node type", by_type, columns)]
-    lines += ["", "Estimated (computed from the graph, not measured):"]
-    flops = info.get("flops")
-    lines.append(f"  FLOPs: {flops:,} ({_human(flops)}) per sample, {info['precision']}"
-                 if flops is not None else "  FLOPs: not counted (see the warning)")
+    lines += ["", "Estimated (computed from the graph, not measured):",
+              flops_text(info.get("flops"), info["precision"])]
     peak = info.get("peak_memory_bytes")
     if peak is not None:
         lines.append(f"  Peak memory: {peak:,} bytes ({_binary(peak)}): weights + "

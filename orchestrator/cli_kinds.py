@@ -1,5 +1,6 @@
-"""Commands for deployment files: `keygen`, `decrypt`, and `inspect` of a memmapped package
-or an encrypted model. Keys are never printed, except by `keygen` without -o (its output)."""
+"""Commands for model files: `keygen`, `decrypt`, and `inspect` of every model file
+`benchmark` takes (model_files.open_model opens both). Keys are never printed, except by
+`keygen` without -o (its output)."""
 
 from __future__ import annotations
 
@@ -51,22 +52,135 @@ def cmd_decrypt(args: argparse.Namespace) -> int:
     return 0
 
 
+def _flops_line(flops: int | None, precision: str) -> str:
+    """The FLOPs line, worded as `benchmark` words it."""
+    from orchestrator.cli_benchmark import flops_text
+
+    return "Estimated (computed from the graph, not measured):\n" + flops_text(flops, precision)
+
+
+def graph_flops(graph_def: Any, inputs: Any) -> tuple[int | None, str]:
+    """A graph's FLOPs for one sample (unknown dimensions as 1), as the benchmark stage
+    counts them, and its precision."""
+    from collections import Counter
+
+    from orchestrator.devices import precision_of
+    from orchestrator.stages.benchmark import count_flops
+
+    one_sample = {spec.name: (1, *[d or 1 for d in spec.shape[1:]]) for spec in inputs
+                  if spec.shape}
+    precision = precision_of(Counter(node.op for node in graph_def.node))
+    try:
+        return count_flops(graph_def, one_sample, []), precision
+    except (ValueError, TypeError):  # shapes the profiler cannot resolve
+        return None, precision
+
+
+def _tflite_summary(artifact: Any) -> dict[str, Any]:
+    from orchestrator.litert_model import describe
+
+    facts = describe(artifact.payload)
+    tensor = [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)} for t in facts.inputs]
+    return {"inputs": tensor,
+            "outputs": [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)}
+                        for t in facts.outputs],
+            "params": facts.params, "op_counts": facts.op_counts,
+            "op_versions": {k: list(v) for k, v in facts.op_versions.items()}}
+
+
+def _tflite_text(summary: dict[str, Any]) -> str:
+    def tensors(noun: str, items: list[dict[str, Any]]) -> str:
+        shown = " ".join(f"name={t['name']}, type={t['dtype']}, shape=["
+                         + ",".join("?" if d is None else str(d) for d in t["shape"]) + "]"
+                         for t in items)
+        return f"Found {len(items)} {noun}: {shown}"
+
+    ops = sorted(summary["op_counts"].items(), key=lambda kv: (-kv[1], kv[0]))
+    return "\n".join([tensors("inputs", summary["inputs"]),
+                      tensors("outputs", summary["outputs"]),
+                      f"Found {summary['params']:,} const parameters (the elements of the "
+                      "constant tensors: weights, biases)",
+                      "Op types used: " + ", ".join(f"{n} {op}" for op, n in ops),
+                      f"{sum(summary['op_counts'].values())} operators"])
+
+
+def _describe(artifact: Any, keys: Any) -> tuple[dict[str, Any], str, int | None, str]:
+    """(summary, its text, FLOPs, precision) of a tflite, graphdef or memmapped artifact."""
+    from orchestrator.graph_info import format_summary, summarize
+
+    if artifact.kind == "tflite":
+        summary = _tflite_summary(artifact)
+        tflite = artifact.metadata.get("tflite") or {}
+        precision = "int8" if tflite.get("mode") == "int8" else "float32"
+        return summary, _tflite_text(summary), tflite.get("flops"), precision
+    from orchestrator.kinds import runnable
+
+    graph = runnable(artifact, keys)  # a memmapped package as the graph rebuilt from it
+    summary = summarize(graph.graph_def, graph.input_names, list(graph.outputs))
+    flops, precision = graph_flops(graph.graph_def, graph.inputs)
+    return summary, format_summary(summary), flops, precision
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """summarize_graph for every model file `benchmark` takes: the same inputs, outputs,
+    parameters and FLOPs as `benchmark` prints for it."""
+    import os
+
+    from orchestrator.encryption import MAGIC
+    from orchestrator.keys import DEFAULT_ENV
+    from orchestrator.model_files import open_model
+
+    path = Path(args.model)
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(len(MAGIC))
+    except OSError:
+        head = b""
+    keyless = args.key_env is None and args.key_file is None and not os.environ.get(
+        DEFAULT_ENV)
+    if head == MAGIC and keyless:  # the header says what it holds; the rest needs the key
+        return _inspect_encrypted_header(path, args.json)
+    if args.format == "auto" and path.is_file() and head != MAGIC:
+        code = inspect_file(path, args.json)  # a memmapped package: its regions too
+        if code is not None:
+            return code
+    opened = open_model(path, args.key_env, args.key_file, fmt=args.format,
+                        format_flag="--format")
+    inner = opened.inner if opened.inner is not None else opened.artifact
+    keys = (lambda _wanted: opened.key) if opened.key is not None else None
+    summary, text, flops, precision = _describe(inner, keys)
+    if args.json:
+        print(json.dumps({"model": str(path), "how": opened.how, "kind": opened.artifact.kind,
+                          "inner_kind": inner.kind, "summary": summary, "flops": flops,
+                          "precision": precision}, indent=2, default=str))
+        return 0
+    print(f"Model: {path} ({opened.how})")
+    print(text)
+    print(_flops_line(flops, precision))
+    return 0
+
+
+def _inspect_encrypted_header(path: Path, as_json: bool) -> int:
+    from orchestrator.encryption import read_header
+
+    data = path.read_bytes()
+    header = read_header(data)
+    found: dict[str, Any] = {"kind": "encrypted", "version": header.version,
+                             "payload_kind": header.payload_kind,
+                             "key_id": header.key_id, "bytes": len(data)}
+    _show(found, as_json)
+    if not as_json:
+        print("(the model inside: give its key with --key-env VAR or --key-file FILE)")
+    return 0
+
+
 def inspect_file(path: Path, as_json: bool) -> int | None:
-    """Inspect an encrypted model or a memmapped package; None when `path` is neither."""
-    from orchestrator.encryption import MAGIC, read_header
+    """Inspect a memmapped package (its regions, then the graph); None when `path` is no
+    package."""
     from orchestrator.memmap_format import MemmappedFormatError, read_package
 
-    if not path.is_file():
-        return None
     data = path.read_bytes()
     try:
-        if data[:len(MAGIC)] == MAGIC:
-            header = read_header(data)
-            found: dict[str, Any] = {"kind": "encrypted", "version": header.version,
-                                     "payload_kind": header.payload_kind,
-                                     "key_id": header.key_id, "bytes": len(data)}
-            _show(found, as_json)
-            return 0
         if path.suffix != ".mmap":
             try:
                 package = read_package(data)
@@ -82,19 +196,26 @@ def inspect_file(path: Path, as_json: bool) -> int | None:
 
     converted = package.converted_nodes()
     summary = summarize(package.graph_def)
-    summary["params"] = summarize(rebuild(package))["params"]
+    rebuilt = rebuild(package)
+    summary["params"] = summarize(rebuilt)["params"]
+    from orchestrator.sources._common import FrozenSignature, build_artifact
+
+    graph = build_artifact(path, "graphdef", FrozenSignature(rebuilt), None, None)
+    flops, precision = graph_flops(rebuilt, graph.inputs)
     if as_json:
-        print(json.dumps({"kind": "memmapped", "regions": [r.__dict__ for r in package.regions],
-                          "converted_nodes": converted, "summary": summary}, indent=2,
-                         default=str))
+        print(json.dumps({"model": str(path), "how": "memmapped package", "kind": "memmapped",
+                          "regions": [r.__dict__ for r in package.regions],
+                          "converted_nodes": converted, "summary": summary, "flops": flops,
+                          "precision": precision}, indent=2, default=str))
         return 0
-    print(f"memmapped package {path}: {len(package.regions)} regions, {len(converted)} "
-          "ImmutableConst nodes")
+    print(f"Model: {path} (memmapped package): {len(package.regions)} regions, "
+          f"{len(converted)} ImmutableConst nodes")
     for region in package.regions:
         print(f"  region {region.name}  offset {region.offset}  length {region.length}")
     for item in converted:
         print(f"  {item['node']}: {item['dtype']}{item['shape']} -> {item['region']}")
     print(format_summary(summary))
+    print(_flops_line(flops, precision))
     return 0
 
 
@@ -119,3 +240,21 @@ def add_parsers(sub: Any) -> None:
                          help="environment variable holding the key (default "
                               "ORCHESTRATOR_MODEL_KEY)")
     decrypt.set_defaults(fn=cmd_decrypt)
+    inspect = sub.add_parser(
+        "inspect", help="summarize_graph for any model file benchmark takes",
+        description="Inputs, outputs, parameters, op types and FLOPs of a SavedModel folder, "
+        ".keras/.h5, .pb/.pbtxt, a checkpoint .meta, .tflite, .mmap or .enc (the figures "
+        "`benchmark` prints for the same file). An encrypted model without its key shows "
+        "its header.")
+    inspect.add_argument("model", help="the model file or SavedModel folder")
+    inspect.add_argument("--format", default="auto",
+                         choices=["auto", "saved_model", "keras", "frozen_graph", "checkpoint"],
+                         help="read it as this source format (default: by its content and "
+                         "name)")
+    inspect.add_argument("--key-env", default=None, metavar="VAR",
+                         help="environment variable holding the key of an encrypted model "
+                         "(default ORCHESTRATOR_MODEL_KEY)")
+    inspect.add_argument("--key-file", type=Path, default=None,
+                         help="file holding the key of an encrypted model")
+    inspect.add_argument("--json", action="store_true")
+    inspect.set_defaults(fn=cmd_inspect)

@@ -92,7 +92,7 @@ def with_input_shapes(opened: OpenedModel, shapes: Mapping[str, tuple[int, ...]]
 
     assert opened.key is not None
     # sealed again with the same key (a fresh nonce): the probe decrypts it as an app would
-    return replace(artifact, inputs=inner.inputs,
+    return replace(artifact, inputs=inner.inputs, metadata=inner.metadata,
                    payload=encrypt(kinds.to_bytes(inner), inner.kind, opened.key.secret))
 
 
@@ -104,7 +104,13 @@ def _reshaped(artifact: ModelArtifact, shapes: Mapping[str, tuple[int, ...]]
                        graph_def=_graph_with_shapes(artifact.graph_def, shapes))
     assert artifact.payload is not None
     if artifact.kind == "tflite":
+        from orchestrator.litert_model import count_flops
+
         payload = _tflite_with_shapes(artifact.payload, shapes)
+        # its FLOPs at the new shape (what the benchmark stage reports)
+        tflite = {**(artifact.metadata.get("tflite") or {}), "flops": count_flops(payload)[0]}
+        return replace(artifact, inputs=inputs, payload=payload,
+                       metadata={**artifact.metadata, "tflite": tflite})
     else:  # memmapped
         payload = _package_with_shapes(artifact.payload, shapes)
     return replace(artifact, inputs=inputs, payload=payload)

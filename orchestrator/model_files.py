@@ -41,12 +41,17 @@ class OpenedModel:
     key: ModelKey | None = None
 
 
-def open_model(path: Path, key_env: str | None = None, key_file: Path | None = None
-               ) -> OpenedModel:
-    """Open any model file the orchestrator knows, judged by its content, then its suffix.
-    Every problem is an OrchestratorError (exit 2) naming the file."""
+def open_model(path: Path, key_env: str | None = None, key_file: Path | None = None,
+               fmt: str = "auto", format_flag: str | None = None) -> OpenedModel:
+    """Open any model file the orchestrator knows, judged by its content, then its suffix
+    (`fmt`, a recipe model format other than auto, opens it as that source format).
+    Every problem is an OrchestratorError (exit 2) naming the file; a format that cannot
+    be told names `format_flag`, the command's option that sets it (if it has one)."""
     from orchestrator import paths
     from orchestrator.encryption import MAGIC
+
+    if fmt != "auto":
+        return _open_source(path, fmt)
 
     problem = paths.path_problem(path, "file_or_dir")
     if problem and problem != "not found":  # a FIFO or a device would hang the reader
@@ -70,8 +75,10 @@ def open_model(path: Path, key_env: str | None = None, key_file: Path | None = N
             raise ModelSourceError(f"cannot tell the model format: by its content it is no "
                                    f"LiteRT flatbuffer, memmapped package or encrypted "
                                    f"model, and {path.suffix or 'no suffix'} is not a "
-                                   f"model suffix; expected {_FORMATS_TEXT}", file=str(path))
-    return _open_source(path)
+                                   f"model suffix; expected {_FORMATS_TEXT}"
+                                   + (f"; or give {format_flag}" if format_flag else ""),
+                                   file=str(path))
+    return _open_source(path, format_flag=format_flag)
 
 
 def _located(path: Path, opener: Any) -> OpenedModel:
@@ -102,15 +109,26 @@ def _payload_kind(data: bytes, suffix: str) -> str | None:
     return "memmapped"
 
 
-def _open_source(path: Path) -> OpenedModel:
-    """A recipe model source (as `inspect` opens it), frozen in memory unless it is a plain
-    frozen graph already: the graph a recipe's pipeline starts from after `freeze`."""
+def _open_source(path: Path, fmt: str | None = None, format_flag: str | None = None
+                 ) -> OpenedModel:
+    """A recipe model source, frozen in memory unless it is a plain frozen graph already:
+    the graph a recipe's pipeline starts from after `freeze`."""
     from orchestrator.sources import detect_format, load_model
     from orchestrator.stages import get_stage
     from orchestrator.stages.base import StageContext
     from orchestrator.stages.freeze import function_calls
 
-    fmt = detect_format(path)
+    if fmt is None:
+        try:
+            fmt = detect_format(path)
+        except ModelSourceError as exc:
+            if "model.format" not in exc.message:
+                raise
+            # it names the recipe's key and only the recipe's formats: say the command's
+            expected = f"; expected {_FORMATS_TEXT}" + (
+                f"; or give {format_flag}" if format_flag else "")
+            raise ModelSourceError(exc.message.split("; expected")[0] + expected,
+                                   file=exc.file) from None
     artifact = load_model(path, fmt)
     how = {"saved_model": "SavedModel", "keras": "Keras model", "frozen_graph": "frozen graph",
            "checkpoint": "TF1 checkpoint"}[fmt]
@@ -130,13 +148,19 @@ def _open_payload(path: Path, kind: str, data: bytes) -> OpenedModel:
     from orchestrator.model import ModelArtifact, TensorSpec
 
     if kind == "tflite":
-        from orchestrator.litert_model import describe
+        from orchestrator.litert_model import count_flops, describe
 
         facts = describe(data)  # LiteRT's verifier first: a corrupt file is exit 2 here
         inputs = tuple(TensorSpec(t.name, t.dtype, t.shape) for t in facts.inputs)
+        # the FLOPs the benchmark stage reads (in a run, convert_tflite records the graph's:
+        # the same count, see litert_model.count_flops)
+        flops, precision = count_flops(data)
         artifact = ModelArtifact(graph_def=None, inputs=inputs,
                                  outputs=tuple(t.name for t in facts.outputs), kind="tflite",
-                                 payload=data)
+                                 payload=data,
+                                 metadata={"tflite": {"flops": flops, "mode": "int8" if
+                                                      precision == "int8" else None}},
+                                 facts={"params": facts.params, "ops": facts.op_counts})
         return OpenedModel(path=path, artifact=artifact, how="LiteRT flatbuffer",
                            aliases=_tflite_aliases(data))
     if kind == "memmapped":

@@ -34,7 +34,10 @@ _MAKE = textwrap.dedent("""
     pixels = keras.Input((None, None, 3), name="pixels")
     x = keras.layers.Conv2D(8, 3, padding="same", activation="relu", name="conv")(pixels)
     x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
-    probs = keras.layers.Dense(4, activation="softmax", name="probs")(x)
+    # a bias that is not all zeros: LiteRT's converter drops an all-zero one (the graph
+    # keeps its BiasAdd), and the .tflite's FLOPs would then differ from the graph's
+    probs = keras.layers.Dense(4, activation="softmax", name="probs",
+                               bias_initializer="ones")(x)
     model = keras.Model(pixels, probs)
     model.export(str(out / "saved_model"), verbose=False)
     model.save(out / "model.keras")
@@ -252,18 +255,20 @@ def test_every_kind_is_benchmarked(name: str, in_tmp: Path, models: dict[str, Pa
     assert [(t, c) for t, c, _ in latency_lines(text)] == [(1, RUNS)]
     key = models["key.txt"].read_text().strip()
     assert key not in text and key not in err
+    if "model.pb" not in _FLOPS:
+        _FLOPS["model.pb"] = bench_json(capsys, str(models["model.pb"]), "--runs", "1",
+                                        "--profile-runs", "0", "--threads", "1",
+                                        "--input-shape", "pixels:2,8,8,3")["flops"]
+    # the same model in every container, the .tflite's counted from its own operators
+    assert info["flops"] == _FLOPS["model.pb"] and info["flops"] > 0
+    assert f"FLOPs: {info['flops']:,} (" in text
     if "tflite" in name:
         # LiteRT's Python interpreter has no op profiler: the stage's note, no empty tables
-        assert info["profile"]["source"] is None and info["flops"] is None
+        assert info["profile"]["source"] is None
         assert info["profile"]["note"] in text
         assert "Top by Computation Time" not in text and "Summary by node type" not in text
         assert "serving_default_pixels:0 float32 [2,8,8,3]" in text
     else:
-        if "model.pb" not in _FLOPS:
-            _FLOPS["model.pb"] = bench_json(capsys, str(models["model.pb"]), "--runs", "1",
-                                            "--profile-runs", "0", "--threads", "1",
-                                            "--input-shape", "pixels:2,8,8,3")["flops"]
-        assert info["flops"] == _FLOPS["model.pb"]  # the same graph in every container
         assert info["profile"]["source"] == "step_stats"
         assert "Top by Computation Time" in text and "Summary by node type" in text
         assert "Input: pixels float32 [2,8,8,3]" in text
@@ -434,3 +439,109 @@ def test_corrupt_tflite_in_the_real_command(in_tmp: Path, models: dict[str, Path
     assert done.returncode == 2, done.stderr[-2000:]
     assert "error: " in done.stderr and "scrambled.tflite" in done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+# --------------------------------------------------------------------------- inspect
+
+
+def _inspect(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(["inspect", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_inspect_takes_every_kind_benchmark_takes(name: str, in_tmp: Path,
+                                                  models: dict[str, Path],
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The same inputs, outputs and FLOPs as `benchmark` prints for the same file."""
+    if "flops" not in _FLOPS:  # benchmark's count at the declared shape (unknown dims 1)
+        _FLOPS["flops"] = bench_json(capsys, str(models["model.tflite"]), "--runs", "1",
+                                     "--profile-runs", "0", "--threads", "1")["flops"]
+        assert _FLOPS["flops"] == bench_json(capsys, str(models["model.pb"]), "--runs", "1",
+                                             "--profile-runs", "0", "--threads",
+                                             "1")["flops"]
+    code, out, err = _inspect(capsys, str(models[name]), "--key-env", KEY_ENV, "--json")
+    assert code == 0, err
+    found = json.loads(out)
+    assert found["flops"] == _FLOPS["flops"] > 0
+    inputs = [i["name"] for i in found["summary"]["inputs"]]
+    assert inputs == (["serving_default_pixels:0"] if "tflite" in name else ["pixels"])
+    code, text, err = _inspect(capsys, str(models[name]), "--key-env", KEY_ENV)
+    assert code == 0 and "Traceback" not in err
+    assert text.startswith(f"Model: {models[name]} (")
+    assert f"FLOPs: {_FLOPS['flops']:,} (" in text
+    key = models["key.txt"].read_text().strip()
+    assert key not in text and key not in err
+
+
+def test_inspect_a_tflite_prints_what_benchmark_does(in_tmp: Path, models: dict[str, Path],
+                                                     capsys: pytest.CaptureFixture[str]
+                                                     ) -> None:
+    path = str(models["model.tflite"])
+    code, text, err = _inspect(capsys, path)
+    assert code == 0, err
+    lines = text.splitlines()
+    assert lines[0] == f"Model: {path} (LiteRT flatbuffer)"
+    assert lines[1] == "Found 1 inputs: name=serving_default_pixels:0, type=float32, " \
+        "shape=[?,?,?,3]"
+    output = re.fullmatch(r"Found 1 outputs: name=(\S+), type=float32, shape=\[\?,4\]",
+                          lines[2])
+    assert output, lines[2]
+    ops = {op: int(n) for n, op in re.findall(r"(\d+) ([A-Z_0-9]+)", text.split(
+        "Op types used: ")[1].splitlines()[0])}
+    assert ops == {"CONV_2D": 1, "FULLY_CONNECTED": 1, "MEAN": 1, "SOFTMAX": 1}, ops
+    # every constant element: conv 3x3x3x8 + 8, dense 8x4 + 4, and MEAN's 2 axes
+    assert "Found 262 const parameters" in text
+    code, bench_text, _ = bench(capsys, path, "--runs", "1", "--profile-runs", "0",
+                                "--threads", "1")
+    assert code == 0
+    flops = [line.strip() for line in text.splitlines() if "FLOPs:" in line]
+    assert flops and flops == [line.strip() for line in bench_text.splitlines()
+                               if "FLOPs:" in line]
+    # the output names benchmark runs are the ones inspect lists
+    assert f"Outputs: {output.group(1)}\n" in bench_text
+
+
+def test_inspect_an_encrypted_model_without_its_key_shows_the_header(
+        in_tmp: Path, models: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    code, text, err = _inspect(capsys, str(models["tflite.enc"]))
+    assert code == 0, err
+    assert "payload_kind: tflite" in text and "--key-env VAR or --key-file FILE" in text
+    code, text, err = _inspect(capsys, str(models["tflite.enc"]), "--key-file",
+                               str(models["model.key"]))
+    assert code == 0, err
+    assert "encrypted LiteRT flatbuffer" in text and "CONV_2D" in text
+
+
+# the cases about the model file (not about benchmark's own options)
+INSPECT_BAD = [case for case in BAD if not case.startswith(("shape", "runs", "threads"))]
+
+
+@pytest.mark.parametrize("case", INSPECT_BAD)
+def test_inspect_bad_input_is_exit_2_naming_its_flags(case: str, in_tmp: Path,
+                                                      models: dict[str, Path],
+                                                      capsys: pytest.CaptureFixture[str]
+                                                      ) -> None:
+    make_args, expected = BAD[case]
+    code, out, err = _inspect(capsys, *make_args(models, in_tmp))
+    assert code == 2, (out, err)
+    assert err.startswith("error: ") and "Traceback" not in err
+    for fragment in expected:
+        assert fragment in err, err
+    assert "model.format" not in err  # a recipe's key: the command's flag is --format
+
+
+def test_a_format_that_cannot_be_told_names_the_flag_there_is(
+        in_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (in_tmp / "model.onnx").write_bytes(b"onnx?")
+    code, _, err = _inspect(capsys, str(in_tmp / "model.onnx"))
+    assert code == 2 and "or give --format" in err and "model.format" not in err
+    assert ".tflite, .mmap or .enc" in err  # the kinds it takes, as benchmark's
+    code, _, err = bench(capsys, str(in_tmp / "model.onnx"))
+    assert code == 2 and "--format" not in err and "model.format" not in err
+    assert ".tflite, .mmap or .enc" in err
+    # what the recipe's loader says of a .tflite: "... or set model.format"
+    code, _, err = _inspect(capsys, str(in_tmp / "model.onnx"), "--format", "keras")
+    assert code == 2 and "model.format" not in err
