@@ -39,8 +39,9 @@ def positive_int(text: str) -> int:
 def unknown_name_message(what: str, name: str, known: Iterable[str]) -> str:
     """`unknown variant 'nope'; the recipe has: a, b (did you mean 'a'?)`: one line."""
     choices = sorted(known)
-    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    by_lower = {choice.lower(): choice for choice in choices}  # `INT8` is a typo of `int8`
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
+    hint = f" (did you mean {by_lower[close[0]]!r}?)" if close else ""
     listed = ", ".join(choices) if choices else "none"
     return f"unknown {what} {name!r}; the recipe has: {listed}{hint}"
 

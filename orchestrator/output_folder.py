@@ -145,13 +145,14 @@ def _unmarked_owner(folder: Path, entries: list[str], owner: Owner) -> Owner | N
         return None
 
 
-def write_marker(folder: Path, owner: Owner) -> None:
-    """Claim `folder` (atomically: a reader sees the old marker or the new)."""
+def write_marker(folder: Path, owner: Owner, final: Path | None = None) -> None:
+    """The marker naming `owner` in `folder` (atomically: a reader sees the old marker or
+    the new), its path relative to `final`, the folder it ends up in (default `folder`)."""
     tmp = folder / f".staging-marker-{uuid.uuid4().hex}"  # not mkstemp: the umask's mode
     try:
         with open(tmp, "x") as handle:
             json.dump({"recipe": owner.name, "recipe_path": os.path.relpath(
-                owner.path, os.path.abspath(folder))}, handle)
+                owner.path, os.path.abspath(final or folder))}, handle)
             handle.write("\n")
         os.replace(tmp, folder / MARKER)
     except BaseException:
@@ -178,7 +179,7 @@ def replacing(folder: Path, owner: Owner) -> Iterator[Path]:
     try:
         try:
             yield built
-            write_marker(built, owner)
+            write_marker(built, owner, final=folder)
             _swap_in(folder, built)
             done = True
         except OutputError as exc:  # name the folder the user gave, not our hidden one

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from robust_helpers import (
+    _NOISE,
+    _PROGRESS,
     RECIPES,
     RUN_TIMEOUT_S,
     Started,
@@ -29,16 +33,19 @@ from robust_helpers import (
     wait_for,
 )
 
+from orchestrator.project import STORE_ENV
+
 pytestmark = pytest.mark.slow
 
 RECIPE = RECIPES / "digits.yaml"  # every pipeline kind the project ships
 
 
 def interrupt_when(condition: Callable[[Started], bool], tmp_path: Path, env: dict[str, str],
-                   name: str, delay_s: float = 0.0,
-                   interval: float = 0.005) -> tuple[int | None, str, bool]:
-    """Start a run; once `condition` holds (and `delay_s` more), SIGINT its process group.
-    Returns (exit code, stderr, whether the signal was sent while it ran)."""
+                   name: str, delay_s: float = 0.0, interval: float = 0.005,
+                   again_s: float | None = None) -> tuple[int | None, str, bool]:
+    """Start a run; once `condition` holds (and `delay_s` more), SIGINT its process group
+    (and, with `again_s`, once more that much later: a double Ctrl-C). Returns (exit
+    code, stderr, whether the signal was sent while it ran)."""
     run = start_cli(["run", RECIPE, "-o", tmp_path / "out"], env, tmp_path, tmp_path / name)
     sent = False
     try:
@@ -50,6 +57,9 @@ def interrupt_when(condition: Callable[[Started], bool], tmp_path: Path, env: di
         if run.process.poll() is None:
             os.killpg(run.process.pid, signal.SIGINT)
             sent = True
+            if again_s is not None:
+                time.sleep(again_s)
+                kill_group(run.process, signal.SIGINT)  # unless it has ended meanwhile
         code = run.process.wait(timeout=RUN_TIMEOUT_S)
     except BaseException:
         kill_group(run.process)
@@ -126,3 +136,91 @@ def test_ctrl_c_at_each_phase(digits_example: Path, tmp_path: Path,
     except AssertionError as exc:
         failures.append(f"re-run: {str(exc)[:1500]}")
     assert not failures, "\n\n".join(failures)
+
+
+def load_probes(home: Path) -> list[int]:
+    """Live load probe processes (a session of their own, so not among the run's) of the
+    run whose store is `home`: they inherit its environment."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if (entry.name.isdigit()
+                    and b"orchestrator.load_probe" in (entry / "cmdline").read_bytes()
+                    and f"{STORE_ENV}={home}\0".encode() in (entry / "environ").read_bytes()
+                    and (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def quiet_interrupt(code: int | None, err: str, sent: bool) -> None:
+    """Exit 130 and one `interrupted` line: no traceback, no `Exception ignored in atexit
+    callback` (progress lines and a library's timestamped log lines aside)."""
+    if sent:
+        assert code == 130, f"exit {code} after Ctrl-C:\n{err[-3000:]}"
+    assert "Traceback" not in err and "Exception ignored" not in err, err[-4000:]
+    lines = [line for line in err.splitlines()
+             if line.strip() and not _PROGRESS.match(line) and not _NOISE.match(line)]
+    assert lines == (["interrupted"] if sent else []), err[-4000:]
+
+
+def test_double_ctrl_c_is_as_quiet_as_one(digits_example: Path, tmp_path: Path,
+                                          run_env: dict[str, str]) -> None:
+    """Issue 24: a second SIGINT to the process group 0.3 s after the first (a double
+    Ctrl-C), while the model loads (the load probe still imports TensorFlow: stopping it
+    at exit used to wait, and the second Ctrl-C landed in that exit handler) and while
+    int8's stages run. Each time: exit 130, one line, the outputs whole or absent, no
+    load probe process left behind."""
+    home = tmp_path / ".orchestrator"
+    failures: list[str] = []
+
+    def loading(run: Started) -> bool:
+        return any("orchestrator.tracking" in cmd
+                   for _, cmd in session_processes(run.process.pid))
+
+    phases = [("loading", loading, 0.5),
+              ("int8 stages", lambda run: "int8 › quantize_weights" in run.stderr(), 0.0)]
+    for name, condition, delay_s in phases:
+        try:
+            code, err, sent = interrupt_when(condition, tmp_path, run_env, name, delay_s,
+                                             interval=0.02, again_s=0.3)
+            quiet_interrupt(code, err, sent)
+            output_is_whole_or_absent(tmp_path / "out")
+            assert partial_cache_entries(home) == []
+            assert wait_for(lambda: not load_probes(home), 20, 0.1), (
+                f"load probe processes left: {load_probes(home)}")
+        except AssertionError as exc:
+            failures.append(f"{name}: {str(exc)[:1500]}")
+    assert not failures, "\n\n".join(failures)
+
+
+def test_ctrl_c_while_the_command_exits(digits_example: Path, tmp_path: Path,
+                                        load_env: dict[str, str]) -> None:
+    """The window of the atexit traceback, made wide: a command ends while its load probe
+    still imports TensorFlow (started as a run starts it), and Ctrl-C comes twice as the
+    interpreter exits. Quiet: no traceback, one `interrupted` line at most, no probe left."""
+    home = tmp_path / ".orchestrator"
+    child = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+             "from orchestrator import load_probe; load_probe.start(); "
+             "from orchestrator.cli import console_main; "
+             "sys.argv = ['orchestrator', 'schema']; console_main()")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with open(logs / "out", "wb") as out, open(logs / "err", "wb") as err:
+        process = subprocess.Popen([sys.executable, "-c", child], env=load_env, cwd=tmp_path,
+                                   stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)
+    try:
+        assert wait_for(lambda: (logs / "out").read_bytes().rstrip().endswith(b"}")
+                        or process.poll() is not None, 60, 0.01)
+        kill_group(process, signal.SIGINT)
+        time.sleep(0.3)
+        kill_group(process, signal.SIGINT)
+        code = process.wait(timeout=60)
+    finally:
+        kill_group(process)
+    err_text = (logs / "err").read_text(errors="replace")
+    assert code in (0, 130), err_text[-3000:]
+    quiet_interrupt(code, err_text, code == 130)
+    assert wait_for(lambda: not load_probes(home), 20, 0.1), load_probes(home)

@@ -1,0 +1,144 @@
+"""Issue 24, section 1: one output folder per recipe. The folder's `.orchestrator-recipe`
+names the recipe that owns it; a run of another recipe there, or into a folder of other
+files, is exit 2 before anything is written (the error names the folder and both
+recipes, and `--force`); a run replaces the folder's contents whole, a `--variant` run
+too; `history` writes its chart into the folder the recipe's run writes by default.
+
+Real `orchestrator` subprocesses; the runs use the session's Prefect server and a small
+recipe (the digits SavedModel through `freeze`)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+from robust_helpers import (
+    RUN_TIMEOUT_S,
+    check_clean_error,
+    cli_subprocess,
+    output_is_whole_or_absent,
+    small_recipe,
+    tree,
+    write_yaml,
+)
+
+from orchestrator.output_folder import MARKER
+
+pytestmark = pytest.mark.slow
+
+
+def _two_pipelines(name: str) -> dict:
+    recipe = small_recipe(name)
+    recipe["pipelines"]["strip"] = {"from": "fp32", "stages": ["strip"]}
+    return recipe
+
+
+def _project(tmp_path: Path) -> Path:
+    """A project of its own (pyproject.toml marks its root): default outputs in out/."""
+    project = tmp_path / "project"
+    (project / "recipes").mkdir(parents=True)
+    (project / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    return project
+
+
+def _marker(folder: Path) -> dict:
+    return json.loads((folder / MARKER).read_text())
+
+
+def _visible(folder: Path) -> set[str]:
+    return {p.name for p in folder.iterdir() if not p.name.startswith(".")}
+
+
+def test_another_recipes_folder_is_refused_before_anything_is_written(
+        tmp_path: Path, load_env: dict[str, str]) -> None:
+    """No run needed: the check comes before the Prefect server or MLflow start."""
+    project = _project(tmp_path)
+    mine = write_yaml(project / "recipes" / "mine.yaml", small_recipe("mine"))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / MARKER).write_text(json.dumps({"recipe": "theirs",
+                                          "recipe_path": "../project/recipes/theirs.yaml"}))
+    (out / "report.json").write_text("{}")
+    before = tree(out)
+    done = cli_subprocess(["run", mine, "-o", out], load_env, tmp_path)
+    message = check_clean_error(done.code, done.err, out, "'theirs'", "'mine'", "--force")
+    assert len(message.strip().splitlines()) == 1, message
+    assert tree(out) == before  # nothing written, nothing removed
+    assert not (tmp_path / ".orchestrator").exists()  # the store untouched too
+
+    # a folder of other files (no marker, no report of this recipe)
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("mine")
+    done = cli_subprocess(["run", mine, "-o", notes], load_env, tmp_path)
+    check_clean_error(done.code, done.err, notes, "todo.txt", "'mine'", "--force")
+    assert (notes / "todo.txt").read_text() == "mine"
+
+    # a folder that holds the project (or the recipe, the store): never, even with --force
+    for folder in (project, project / "recipes"):
+        done = cli_subprocess(["run", mine, "-o", folder, "--force"], load_env, tmp_path)
+        check_clean_error(done.code, done.err, folder, "cannot be the output folder")
+    assert sorted(p.name for p in project.iterdir()) == ["pyproject.toml", "recipes"]
+
+
+def test_a_run_replaces_its_folder_whole(tmp_path: Path, run_env: dict[str, str]) -> None:
+    """Without -o, `run` and `history` use the same folder (out/<recipe name> at the
+    project root, whatever the working directory). Stale files of the same recipe's earlier
+    runs go; a --variant run keeps only its own variants (report.json lists exactly what
+    the folder holds); another recipe's run (or history) is refused, then with --force
+    replaces the folder, marker included."""
+    project = _project(tmp_path)
+    mine = write_yaml(project / "recipes" / "mine.yaml", _two_pipelines("mine"))
+    theirs = write_yaml(project / "recipes" / "theirs.yaml", small_recipe("theirs"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = project / "out" / "mine"
+
+    def run(*args: object) -> str:
+        done = cli_subprocess(args, run_env, elsewhere, timeout=RUN_TIMEOUT_S)
+        assert done.code == 0, done.err[-3000:]
+        return done.out
+
+    printed = run("run", mine)
+    # the hint pasted as printed runs this project's command on this recipe
+    dashboards = next(line for line in printed.splitlines() if line.startswith("Dashboards:"))
+    words = shlex.split(dashboards.removeprefix("Dashboards:"))
+    assert words[1:] == ["ui", str(mine)], dashboards
+    assert words[0] == "orchestrator" or Path(elsewhere, words[0]).is_file(), dashboards
+    assert _visible(out) >= {"report.json", "fp32", "strip"}
+    assert output_is_whole_or_absent(out) == "whole"
+    marker = _marker(out)  # the recipe's file relative to the folder: both move together
+    assert marker["recipe"] == "mine" and not Path(marker["recipe_path"]).is_absolute()
+    assert (out / marker["recipe_path"]).resolve() == mine.resolve()
+
+    assert f"chart: {out / 'history.png'}" in run("history", mine)
+    assert (out / "history.png").is_file()
+    assert sorted(p.name for p in (project / "out").iterdir()) == ["mine"]
+    done = cli_subprocess(["history", theirs, "-o", out], run_env, elsewhere)
+    check_clean_error(done.code, done.err, out, "'mine'", "'theirs'", "--force")
+
+    # stale files: what an earlier version or run left, in the folder and in a variant
+    (out / "stale.png").write_bytes(b"old")
+    (out / "removed_variant").mkdir()
+    (out / "fp32" / "stale.txt").write_text("old")
+    run("run", mine, "--variant", "fp32")
+    report = json.loads((out / "report.json").read_text())
+    assert list(report["variants"]) == ["fp32"]
+    assert _visible(out) == {"report.json", "fp32", *report.get("page_files", [])}
+    assert not (out / "fp32" / "stale.txt").exists()
+    assert output_is_whole_or_absent(out) == "whole"
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == [MARKER]
+
+    # another recipe: refused, the folder as it was
+    before = tree(out)
+    done = cli_subprocess(["run", theirs, "-o", out], run_env, elsewhere)
+    check_clean_error(done.code, done.err, out, "'mine'", "'theirs'", "--force")
+    assert tree(out) == before
+
+    run("run", theirs, "-o", out, "--force")
+    assert _marker(out)["recipe"] == "theirs"
+    report = json.loads((out / "report.json").read_text())
+    assert report["recipe"] == "theirs" and list(report["variants"]) == ["fp32"]
+    assert output_is_whole_or_absent(out) == "whole"
