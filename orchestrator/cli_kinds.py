@@ -98,8 +98,9 @@ def _tflite_text(summary: dict[str, Any]) -> str:
     ops = sorted(summary["op_counts"].items(), key=lambda kv: (-kv[1], kv[0]))
     return "\n".join([tensors("inputs", summary["inputs"]),
                       tensors("outputs", summary["outputs"]),
-                      f"Found {summary['params']:,} const parameters (the elements of the "
-                      "constant tensors: weights, biases)",
+                      f"Found {summary['params']:,} const parameters: the elements of the "
+                      "flatbuffer's constant tensors (weights, biases, and small constants "
+                      "such as shapes and axes)",
                       "Op types used: " + ", ".join(f"{n} {op}" for op, n in ops),
                       f"{sum(summary['op_counts'].values())} operators"])
 
