@@ -100,14 +100,56 @@ def _separable_model() -> Any:
     return keras.Model(inputs, outputs, name="separable")
 
 
+SEED = 7
+# Trains in a fresh process: seeds, op determinism and one TF thread
+# (tests/e2e/model_builds.deterministic), so the weights are the same on every run and
+# machine; in this session's TF (its thread pools sized by the machine's cores, other tests'
+# ops run before) they would follow the core count.
+_TRAIN = """
+import sys
+from pathlib import Path
+sys.path[:0] = [{stages!r}, {e2e!r}]
+import model_builds
+model_builds.deterministic({seed})
+import quant_fixtures
+model = quant_fixtures._train(quant_fixtures._model({kind!r}),
+                              quant_fixtures._digits({folder!r}), epochs={epochs})
+model.save_weights({out!r})
+"""
+
+
+def _model(kind: str) -> Any:
+    return _cnn_model() if kind == "cnn" else _separable_model()
+
+
 @functools.cache
 def _trained(kind: str, folder: str) -> Any:
-    import keras
+    """The `kind` model built here, with the weights trained in a fresh process."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
 
-    keras.utils.set_random_seed(7)
-    if kind == "cnn":
-        return _train(_cnn_model(), _digits(folder))
-    return _train(_separable_model(), _digits(folder), epochs=30)
+    here = Path(__file__).resolve().parent
+    epochs = 12 if kind == "cnn" else 30
+    with tempfile.TemporaryDirectory() as work:
+        out = str(Path(work) / f"{kind}.weights.h5")
+        code = _TRAIN.format(stages=str(here), e2e=str(here.parent / "e2e"), seed=SEED,
+                             kind=kind, folder=folder, epochs=epochs, out=out)
+        sys.path.insert(0, str(here.parent / "e2e"))
+        try:
+            from model_builds import SINGLE_THREAD_ENV
+        finally:
+            sys.path.remove(str(here.parent / "e2e"))
+        env = {**os.environ, **SINGLE_THREAD_ENV, "TF_CPP_MIN_LOG_LEVEL": "2",
+               "TF_ENABLE_ONEDNN_OPTS": "0", "CUDA_VISIBLE_DEVICES": "",
+               "PYTHONHASHSEED": "0"}
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env=env, timeout=600, check=False)
+        assert done.returncode == 0, done.stderr[-4000:]
+        model = _model(kind)
+        model.load_weights(out)
+    return model
 
 
 @functools.cache
