@@ -12,12 +12,13 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import OrchestratorError
+from orchestrator.formatting import SIZE_UNIT_NOTE, apart, format_ms, format_size
 from orchestrator.limits import name_problem
 
 MAX_REPORT_BYTES = 64 * 1024 * 1024  # a digits report is ~13 KB; a trials table adds little
@@ -32,8 +33,10 @@ class Limits:
 
     The defaults: shipped bytes may grow 10 %; accuracy and fidelity may drop 0.01 (one
     sample in a hundred); latency may grow 25 %. A measured (host) p50 that moves by less
-    than `min_latency_change_ms` is timer noise and never breaks the limit; estimated
-    latencies are FLOPs over the device's FLOP/s, deterministic, so any growth counts."""
+    than `min_latency_change_ms` is timer noise and never breaks the limit. An estimated
+    latency is FLOPs over the device's FLOP/s (deterministic) plus the runtime's cost
+    measured on the host and scaled to the device (orchestrator.estimates): its noise floor
+    is `min_latency_change_ms` times that scale (none for a FLOPs-only estimate)."""
 
     max_size_growth_pct: float | None = 10.0
     max_accuracy_drop: float | None = 0.01
@@ -203,10 +206,13 @@ def _limit_text(value: float | None, template: str) -> str:
 
 
 def _compare_growth(row: Row, base: float | None, new: float | None, limit: float | None,
-                    unit: str, spec: str, floor: float = 0.0) -> Row:
-    """Fill `row` for a figure that must not grow more than `limit` percent."""
-    row.baseline = "-" if base is None else f"{base:{spec}}{unit}"
-    row.current = "-" if new is None else f"{new:{spec}}{unit}"
+                    show: Callable[[float, int], str], floor: float = 0.0) -> Row:
+    """Fill `row` for a figure that must not grow more than `limit` percent, shown as
+    everywhere (formatting: MiB, µs/ms with 3 significant digits, more where two differ)."""
+    row.baseline = "-" if base is None else show(base, 3)
+    row.current = "-" if new is None else show(new, 3)
+    if base is not None and new is not None:
+        row.baseline, row.current = apart(base, new, show)
     row.limit = _limit_text(limit, "max +{:g} %")
     if new is None or base is None:
         return _missing(row, base, new, limit)
@@ -265,6 +271,13 @@ def _est(variant: Mapping[str, Any], target: str) -> float | None:
     return None if facts is None else facts.get("est_latency_ms")
 
 
+def _est_floor(variant: Mapping[str, Any], target: str, limits: Limits) -> float:
+    """The timer noise an estimate carries: its host-measured part, scaled to the device."""
+    made = (variant.get("targets", {}).get(target) or {}).get("estimate") or {}
+    scale = made.get("device_slowdown") if made.get("overhead_ms") is not None else None
+    return limits.min_latency_change_ms * float(scale) if isinstance(scale, int | float) else 0.0
+
+
 def compare(report: Mapping[str, Any], baseline: Mapping[str, Any], limits: Limits,
             report_name: str = "the report", baseline_name: str = "the baseline"
             ) -> GateResult:
@@ -287,16 +300,16 @@ def compare(report: Mapping[str, Any], baseline: Mapping[str, Any], limits: Limi
         result.notes.append(f"not in this run, not compared: {', '.join(dropped)}")
     for name, new in variants.items():
         base = base_variants[name]
-        row = _row(name, "size", "size (shipped bytes)")
+        row = _row(name, "size", "size (shipped file)")
         result.rows.append(_compare_growth(row, base["size_bytes"], new["size_bytes"],
-                                           limits.max_size_growth_pct, " B", ",.0f"))
+                                           limits.max_size_growth_pct, format_size))
         for key, limit in (("accuracy", limits.max_accuracy_drop),
                            ("fidelity", limits.max_fidelity_drop)):
             row = _row(name, key, key)
             result.rows.append(_compare_drop(row, base.get(key), new.get(key), limit))
         row = _row(name, "host p50 (measured)", "measured latency (host p50)")
         result.rows.append(_compare_growth(row, _p50(base), _p50(new),
-                                           limits.max_latency_growth_pct, " ms", ".3f",
+                                           limits.max_latency_growth_pct, format_ms,
                                            floor=limits.min_latency_change_ms))
         for target in new.get("targets", {}):
             device = new["targets"][target].get("device")
@@ -305,12 +318,13 @@ def compare(report: Mapping[str, Any], baseline: Mapping[str, Any], limits: Limi
             if target not in base.get("targets", {}):
                 est = _est(new, target)
                 row.baseline, row.change, row.status = "-", "-", "n/a"
-                row.current = "-" if est is None else f"{est:.3f} ms"
+                row.current = format_ms(est)
                 row.limit = "new target"
                 result.rows.append(row)
                 continue
             result.rows.append(_compare_growth(row, _est(base, target), _est(new, target),
-                                               limits.max_latency_growth_pct, " ms", ".3f"))
+                                               limits.max_latency_growth_pct, format_ms,
+                                               floor=_est_floor(new, target, limits)))
     result.notes.extend(_selection_notes(report, baseline))
     return result
 
@@ -354,7 +368,7 @@ def to_markdown(result: GateResult, limits: Limits, report_name: str, baseline_n
     """The comparison as a pull-request comment."""
     lines = [f"## Model gate: {result.recipe}: {verdict(result)}", "",
              f"`{report_name}` against the baseline `{baseline_name}`.", "",
-             f"Limits: {limits_text(limits)}.", ""]
+             f"Limits: {limits_text(limits)}. Sizes: {SIZE_UNIT_NOTE}.", ""]
     if result.broken:
         lines += ["**Broken:**", ""]
         lines += [f"- {r.variant}: {r.reason}" for r in result.broken]
@@ -370,6 +384,7 @@ def to_markdown(result: GateResult, limits: Limits, report_name: str, baseline_n
         lines += [f"- {note}" for note in result.notes]
         lines.append("")
     lines.append("*measured*: this machine's p50 over the benchmark's timed runs. "
-                 "*estimated*: FLOPs over the target device's FLOP/s, the same on any "
-                 "machine.")
+                 "*estimated*: FLOPs over the target device's FLOP/s plus the runtime's "
+                 "cost measured on this machine, scaled to the device (its noise floor "
+                 "scaled the same way).")
     return "\n".join(lines) + "\n"

@@ -155,9 +155,17 @@ def test_markdown_holds_the_verdict_the_broken_limits_and_the_table() -> None:
     text = to_markdown(result, Limits(), "out/pr/report.json", "registry:digits-cnn@production")
     assert text.startswith("## Model gate: digits-cnn: FAILED: 1 limit broken\n")
     assert "`registry:digits-cnn@production`" in text
-    assert "- int8: size (shipped bytes) grew +100.0 % (100,000 B -> 200,000 B)" in text
-    assert "| int8 | size | 100,000 B | 200,000 B | +100.0 % | max +10 % | **BROKEN** |" in text
-    assert "| int8 | pi latency (est.) | 0.120 ms | 0.120 ms | +0.0 % | max +25 % | ok |" in text
+    # sizes in MiB and timings with 3 significant digits, as the report and page say them
+    assert "- int8: size (shipped file) grew +100.0 % (0.0954 MiB -> 0.191 MiB)" in text
+    assert ("| int8 | size | 0.0954 MiB | 0.191 MiB | +100.0 % | max +10 % | **BROKEN** |"
+            in text)
+    assert "| int8 | pi latency (est.) | 120 µs | 120 µs | +0.0 % | max +25 % | ok |" in text
+    assert "MiB = 1,048,576 bytes" in text
+    # a small growth shows the digits that differ
+    small = compare(report(int8=variant(size=272_600)), report(int8=variant(size=272_520)),
+                    Limits(max_size_growth_pct=0.01))
+    [grown] = small.broken
+    assert (grown.baseline, grown.current) == ("0.2599 MiB", "0.2600 MiB")
     assert "*measured*" in text and "*estimated*" in text
     passed = to_markdown(compare(base, base, Limits()), Limits(), "a", "b")
     assert "passed" in passed.splitlines()[0] and "Broken" not in passed
@@ -214,7 +222,7 @@ def test_command_exit_codes_and_markdown_next_to_the_report(
     pr = write(tmp_path / "pr" / "report.json", report(int8=variant(size=115_000)))
     assert main(["gate", str(pr), "--baseline", str(base)]) == 1
     out, err = capsys.readouterr()
-    assert "BROKEN" in out and "size (shipped bytes) grew +15.0 %" in out
+    assert "BROKEN" in out and "size (shipped file) grew +15.0 %" in out
     assert "FAILED: 1 limit broken" in err
     markdown = (tmp_path / "pr" / "gate.md").read_text()
     assert "FAILED: 1 limit broken" in markdown
@@ -351,11 +359,14 @@ def test_gate_fails_a_change_that_grows_the_int8_model(
     assert code == 1, captured.out + captured.err
     markdown = (out / "unquantized" / "gate.md").read_text()
     broken = [line for line in markdown.splitlines() if line.endswith("| **BROKEN** |")]
-    # the int8 model is now the float graph: ~4x the bytes, float latency on each target
+    # the int8 model is now the float graph: ~4x the bytes. Its estimate follows what this
+    # host measured of each file (the float graph runs fewer nodes than the 8-bit one, and
+    # x86 runs them faster), so it does not grow; its timer noise, scaled to the device, is
+    # below the estimate's noise floor
     assert any(line.startswith("| int8 | size |") for line in broken), markdown
-    assert any(line.startswith("| int8 | phone latency (est.) |") for line in broken)
+    assert not any("latency (est.)" in line for line in broken), markdown
     assert not any(line.startswith("| fp32 |") and "(measured)" not in line for line in broken)
-    assert "int8: size (shipped bytes) grew +" in captured.out
+    assert "int8: size (shipped file) grew +" in captured.out
 
 
 @pytest.mark.slow
@@ -389,7 +400,7 @@ def test_gate_against_a_registered_version(
     code = main(["gate", str(out / "unquantized" / "report.json"), "--baseline", candidate])
     captured = capsys.readouterr()
     assert code == 1, captured.out + captured.err
-    assert "int8: size (shipped bytes) grew +" in captured.out
+    assert "int8: size (shipped file) grew +" in captured.out
     assert f"`{candidate}`" in (out / "unquantized" / "gate.md").read_text()
     code = main(["gate", str(out / "more_runs" / "report.json"), "--baseline", candidate,
                  "--min-latency-change-ms", "1000"])

@@ -223,7 +223,7 @@ def test_report_page_and_plots_next_to_report_json_and_in_mlflow(digits_run: dic
     # self-contained: every picture inlined, nothing fetched from elsewhere
     assert html.count('src="data:image/png;base64,') == len(PICTURES)
     assert "http://" not in html.replace("http://www.w3.org", "") and "https://" not in html
-    assert "measured" in html and "est. ms" in html
+    assert "measured" in html and "est. latency" in html
     # the full benchmark in report.json, for every variant
     for name, variant in report["variants"].items():
         assert variant["threads_matrix"] and variant["host"]["cores"] >= 1, name
