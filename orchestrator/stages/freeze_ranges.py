@@ -57,7 +57,7 @@ class Params(StageParams):
     diagnostics: bool = Field(
         True, description="Measure each quantized layer's error against the float model on "
         "representative data (when the recipe has it): layer_errors in the report, "
-        "layer_errors.tsv, and a warning naming layers above 0.7 RMSE/scale.")
+        "layer_errors.tsv, and a diagnostic naming layers above 0.7 RMSE/scale.")
     diagnostics_samples: int = Field(
         200, ge=1, description="Representative samples the diagnostics run (bounds cost).")
 

@@ -24,7 +24,8 @@ Only what TF's eight-bit kernels can run is converted (orchestrator.kernel_suppo
 Conv2D with unequal strides, a dilated one, an unsupported broadcast, ... stays float, named
 in a warning with the reason; a Conv1D's strided Conv2D on one row gets equal strides. Ops
 with no eight-bit kernel at all (Sigmoid, Mean, DepthwiseConv2dNative, ...) are named in one
-warning. Every float-kept node is in the info's `float_nodes` ({node, op, reason}).
+diagnostic (report.json and the page: no recipe setting changes it). Every float-kept node
+is in the info's `float_nodes` ({node, op, reason}).
 """
 
 from __future__ import annotations
