@@ -1,4 +1,4 @@
-"""Screenshots of both dashboards for the README, as a user sees them after `make demo`.
+"""Screenshots of both dashboards for docs/operations.md, as a user sees them after `make demo`.
 
 Starts `orchestrator ui RECIPE`, opens the two addresses it prints in a headless Chromium
 (the system's: `apt-get install chromium`; driven by Playwright, `pip install -e

@@ -2,7 +2,7 @@
 
 A recipe is read by people and by schedulers alike: these bounds keep a hostile or broken
 one from hanging the loader, eating memory, flooding MLflow or writing outside its folders.
-Each limit is documented in the README ("Limits"); a recipe over one gets exit 2 naming
+Each limit is documented in docs/troubleshooting.md ("Limits"); a recipe over one gets exit 2 naming
 the file, the line and the limit.
 """
 
