@@ -46,7 +46,10 @@ def test_a_recipe_that_runs_at_once_without_data(project: Path,
     recipe = project / "recipes" / "digits.yaml"
     assert main(["init", str(project / "models/digits/saved_model"), "-o", str(recipe)]) == 0
     out = capsys.readouterr().out
-    assert f"wrote {recipe}" in out and "next: orchestrator validate" in out
+    from orchestrator.cli_common import command_hint
+
+    # the hint names the command to paste (`orchestrator`, or its path when not on PATH)
+    assert f"wrote {recipe}" in out and f"next: {command_hint('validate', recipe)}" in out
     text = recipe.read_text()
     lines = text.splitlines()
     # the editor's schema: none in the project yet, so one beside the recipe
