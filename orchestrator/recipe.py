@@ -190,14 +190,19 @@ def _check_files(loaded: LoadedRecipe, parts: Collection[str] | None = None,
                     errors.append(loaded.error(
                         f"{param}: {shown}: {loaded.resolve(value)}",
                         ("pipelines", name, "stages", index, stage_name, param), RecipeError))
-    if parts is None or "targets" in parts:
-        from orchestrator.devices import resolve_device
+    from orchestrator.devices import resolve_device
 
-        for index, target in enumerate(recipe.targets):
-            try:
-                resolve_device(target.device)
-            except ValueError as exc:
-                errors.append(loaded.error(str(exc), ("targets", index, "device")))
+    # preset names as written: a target with another bad field (a budget's typo) still has
+    # its device checked in the same run
+    raw_targets = loaded.raw.get("targets") if isinstance(loaded.raw, dict) else None
+    for index, target in enumerate(raw_targets if isinstance(raw_targets, list) else []):
+        device = target.get("device") if isinstance(target, dict) else None
+        if not isinstance(device, str):
+            continue  # an inline spec: pydantic checked it
+        try:
+            resolve_device(device)
+        except ValueError as exc:
+            errors.append(loaded.error(str(exc), ("targets", index, "device")))
     return errors
 
 

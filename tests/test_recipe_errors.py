@@ -115,3 +115,13 @@ def test_a_bad_stage_defers_its_lineage() -> None:
     found = _located(BAD / "unknown_stage.yaml")
     assert len(found.errors) == 1
     assert found.note == "the stage order of pipeline fp32 is checked once this is fixed"
+
+
+def test_a_device_preset_is_checked_beside_a_bad_budget_of_the_same_target() -> None:
+    # the target's budgets typo makes pydantic drop the target: its device, as written,
+    # is still checked in the same run
+    found = _located(THREE, ["targets.0.device=phone-2061"])
+    assert [(e.line, e.field) for e in found.errors] == [
+        (8, "data.evaluation.source"), (11, "targets.0.device"),
+        (12, "targets.0.budgets.max_size_mbb"), (18, "pipelines.int8.stages.1")]
+    assert 'did you mean "phone-2016"' in found.errors[1].message
