@@ -4,7 +4,7 @@
     offset  size  field
     0       4     magic "OENC"
     4       1     format version (1)
-    5       1     payload kind: 1 = GraphDef protobuf, 2 = memmapped package
+    5       1     payload kind: 1 = GraphDef protobuf, 2 = memmapped package, 3 = tflite
     6       2     reserved, zero
     8       8     key id: the first 8 bytes of SHA-256(key)
     16      12    nonce (random, never reused with a key)

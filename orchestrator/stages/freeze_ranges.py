@@ -20,7 +20,7 @@ log_ranges, keeps it).
 
 Then, with `diagnostics` (default) and representative data in the recipe, each quantized
 layer is compared with the lineage's float model (orchestrator.layer_errors): RMSE over
-the quantization scale (about 0.29 is pure rounding; above 0.7 is flagged in a warning),
+the quantization scale (about 0.29 is pure rounding; above 0.7 is a diagnostic),
 normalized MSE against float, the range and the share of float values clipped. Report
 `layer_errors`, metrics `layer_error_max`, `layers_flagged`, `layer_nmse_max`, and
 `layer_errors.tsv` (worst first).
@@ -124,10 +124,10 @@ def _add_diagnostics(result: StageResult, params: Params, ctx: StageContext) -> 
     bad = layer_errors.flagged(rows)
     if bad:  # a diagnostic: the report turns it into advice where a budget breaks unguarded
         result.info.setdefault("diagnostics", []).append(
-            _flag_warning(bad, [r["node"] for r in rows]))
+            _flag_diagnostic(bad, [r["node"] for r in rows]))
 
 
-def _flag_warning(bad: list[dict], names: list[str]) -> str:
+def _flag_diagnostic(bad: list[dict], names: list[str]) -> str:
     from orchestrator.formatting import layer_names
     from orchestrator.layer_errors import FLAG_ABOVE, IDEAL
 
