@@ -343,23 +343,25 @@ def fifo_unblocker(path: Path, after_s: float = LOAD_TIMEOUT_S) -> Iterator[list
 PER_RUN_KEYS = {"latency_ms", "latency_p50_ms", "latency_mean_ms", "seconds", "cached",
                 "mlflow_run_id", "run_id", "ram_bytes", "ram_source", "peak_memory_bytes",
                 "load_seconds", "started", "finished", "duration_s", "elapsed_s",
-                "threads_matrix", "profile", "latency_runs_ms"}
+                "threads_matrix", "profile", "latency_runs_ms",
+                # device estimates are calibrated on this run's host timings of the file
+                "est_latency_ms", "estimate", "estimate_basis"}
 
 
-# ... and by their names: load times, RSS, measured latencies and memory (est_*, max_*
-# and min_* are estimates and budgets, the same in every run).
+# ... and by their names: load times, RSS, measured latencies and memory, and the device
+# estimates (max_* and min_* are budgets, the same in every run).
 _PER_RUN_NAME = re.compile(r"rss|growth|load|seconds|time|peak|memory|_ms$|_s$|_at$")
 
 
 def is_per_run(key: str) -> bool:
-    return key in PER_RUN_KEYS or (bool(_PER_RUN_NAME.search(key.lower()))
-                                   and not key.startswith(("est_", "max_", "min_")))
+    return (key in PER_RUN_KEYS or key.startswith("est_latency_ms")
+            or (bool(_PER_RUN_NAME.search(key.lower())) and not key.startswith(("max_", "min_"))))
 
 
-# Host latencies quoted in a selection reason ("slower measured on this host (2.1 vs 0.03
-# ms p50)") are this run's measurements, and so is whether a measurement disagrees with
-# the estimate by more than noise on a loaded machine.
-_MEASURED_IN_TEXT = re.compile(r"\d+\.\d+(?= ms p50| vs \d+\.\d+ ms p50)")
+# Every timing quoted in text ("6.30 µs p50", "est. 2.13 ms") comes from this run's
+# measurements (estimates are calibrated on them), and so does whether a measurement
+# disagrees with the estimate by more than noise on a loaded machine.
+_MEASURED_IN_TEXT = re.compile(r"\d+(?:\.\d+)?(?= (?:ms|µs)\b)")
 _DISAGREEMENT = re.compile(r"\. Measured on this host it is the faster one .*? disagree")
 
 
