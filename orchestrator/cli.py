@@ -18,9 +18,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from orchestrator.cli_common import print_error
 from orchestrator.errors import OrchestratorError
+
+if TYPE_CHECKING:
+    from orchestrator.recipe import LoadedRecipe
 
 # Ctrl-C seen while a command runs (see _interrupts_noted)
 _interrupts_seen: list[int] = []
@@ -43,10 +47,24 @@ def cmd_validate(args: argparse.Namespace) -> int:
         except OrchestratorError as exc:
             code = max(code, _error(exc))
             continue
-        stages = sum(len(s) for s in loaded.stages.values())
-        print(f"{path}: ok ({len(loaded.stages)} pipelines, {stages} stages, "
-              f"{len(loaded.recipe.targets)} targets)")
+        print(f"{path}: ok ({validate_summary(loaded)})")
     return code
+
+
+def validate_summary(loaded: LoadedRecipe) -> str:
+    """`5 pipelines, 22 stages + 1 added by default: int8 › compact_names; 2 targets`: the
+    stages the YAML lists, then those a run adds (the count a run's log shows is their sum)."""
+    added = [f"{pipeline} › {loaded.stages[pipeline][index][0]}"
+             for pipeline, indices in loaded.added.items() for index in indices]
+    listed = sum(len(s) for s in loaded.stages.values()) - len(added)
+    stages = f"{listed} stage{'s' if listed != 1 else ''}"
+    if added:
+        stages += f" + {len(added)} added by default: {', '.join(added)};"
+    else:
+        stages += ","
+    targets = len(loaded.recipe.targets)
+    return (f"{len(loaded.stages)} pipeline{'s' if len(loaded.stages) != 1 else ''}, "
+            f"{stages} {targets} target{'s' if targets != 1 else ''}")
 
 
 def cmd_schema(args: argparse.Namespace) -> int:

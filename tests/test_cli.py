@@ -122,3 +122,38 @@ def test_a_reader_that_stops_early_is_no_internal_error() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "{"
     assert "internal error" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_validate_counts_the_stages_the_recipe_lists_then_those_added_by_default() -> None:
+    """`validate recipes/digits.yaml` counts the stages its YAML lists (22), and names the
+    one a run adds by default (int8 › compact_names) apart from them, as the user runs it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "digits.yaml"
+    raw = yaml.safe_load(recipe.read_text())
+    listed = sum(len(p["stages"]) for p in raw["pipelines"].values())
+    done = subprocess.run([sys.executable, "-m", "orchestrator", "validate", str(recipe)],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (
+        f"{recipe}: ok ({len(raw['pipelines'])} pipelines, {listed} stages + 1 added by "
+        f"default: int8 › compact_names; {len(raw['targets'])} targets)")
+
+
+def test_validate_without_added_stages_says_none(tmp_path: object) -> None:
+    """A recipe that gets no default stage: the plain count, singular where it is one."""
+    from pathlib import Path
+
+    from orchestrator.recipe import load_recipe
+
+    folder = Path(str(tmp_path))
+    recipe = folder / "r.yaml"
+    model = Path(__file__).resolve().parents[1] / "examples" / "digits" / "saved_model"
+    recipe.write_text(f"version: 1\nname: r\nmodel: {{path: {model}}}\n"
+                      "targets: [{name: t, device: phone-2016}]\n"
+                      "pipelines: {fp32: {stages: [freeze]}}\n")
+    assert cli.validate_summary(load_recipe(recipe)) == "1 pipeline, 1 stage, 1 target"
