@@ -37,13 +37,14 @@ def positive_int(text: str) -> int:
 
 
 def unknown_name_message(what: str, name: str, known: Iterable[str]) -> str:
-    """`unknown variant 'nope'; the recipe has: a, b (did you mean 'a'?)`: one line."""
+    """`unknown variant 'nope' (did you mean "a"?); the recipe has: a, b`: one line, the
+    hint worded as the recipe checks word theirs (in double quotes, before the list)."""
     choices = sorted(known)
     by_lower = {choice.lower(): choice for choice in choices}  # `INT8` is a typo of `int8`
     close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
-    hint = f" (did you mean {by_lower[close[0]]!r}?)" if close else ""
+    hint = f' (did you mean "{by_lower[close[0]]}"?)' if close else ""
     listed = ", ".join(choices) if choices else "none"
-    return f"unknown {what} {name!r}; the recipe has: {listed}{hint}"
+    return f"unknown {what} {name!r}{hint}; the recipe has: {listed}"
 
 
 def check_variants(loaded: Any, variants: Iterable[str] | None) -> None:

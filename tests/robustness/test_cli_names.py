@@ -34,10 +34,31 @@ def test_unknown_variant_is_exit_2_with_the_known_ones(
     assert len(message.strip().splitlines()) == 1, message
     if closest is None:
         assert "did you mean" not in message
-    else:
-        assert f"did you mean {closest!r}?" in message
+    else:  # worded as the recipe checks word it: double quotes, before the known names
+        hint = f'unknown variant {name!r} (did you mean "{closest}"?); the recipe has: '
+        assert hint in message, message
     # refused before anything started or was written
     assert not (tmp_path / "out").exists() and not (tmp_path / ".orchestrator").exists()
+
+
+def test_every_did_you_mean_is_worded_one_way() -> None:
+    """Each "did you mean" the package prints reads `(did you mean "NAME"?)`, before the
+    list of known names (recipe checks, devices, stages, --variant alike)."""
+    import re
+
+    package = Path(__file__).resolve().parents[2] / "orchestrator"
+    found = []
+    for source in sorted(package.rglob("*.py")):
+        for number, line in enumerate(source.read_text().splitlines(), 1):
+            if "did you mean" in line and ("f'" in line or 'f"' in line):
+                found.append((source.name, number, line.strip()))
+    assert len(found) >= 5, found  # recipe_checks, recipe_errors, devices, stages, cli_common
+    for name, number, line in found:
+        assert re.search(r"""f' \(did you mean "\{[^}]+\}"\?\)'""", line), (name, number, line)
+    # and before the list: no hint is added after a list of names
+    for source in sorted(package.rglob("*.py")):
+        text = source.read_text()
+        assert not re.search(r"(\{listed\}|\)\})\{hint\}", text), source.name
 
 
 def _hint(text: str, before: str) -> str:
