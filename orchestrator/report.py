@@ -10,6 +10,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -44,22 +45,42 @@ def _merged(outcomes: list[NodeOutcome]) -> tuple[dict[str, Any], dict[str, Any]
     return metrics, info
 
 
-RAM_TRACED = "benchmark: peak of live tensors in a traced run (weights, inputs, intermediates)"
-RAM_HEAP = ("benchmark: heap growth (RssAnon) of a fresh process that loads the file and "
-            "runs it once")
+RAM_HEAP = ("heap growth, measured: the RssAnon growth of a fresh process that loads the "
+            "file and runs it once (what the OS counts against an app)")
+RAM_TRACED = ("traced peak: the peak of live tensors in a traced run (weights, inputs, "
+              "intermediates); the load probe measured no heap growth")
 RAM_SIZE = "model size: add benchmark to measure"
+# what the RAM figure is, in a word or two: the column's and the budget message's name
+RAM_MEASURES = {RAM_HEAP: "heap growth", RAM_TRACED: "traced peak", RAM_SIZE: "file size"}
 
 
 def _ram(info: Mapping[str, Any], size_bytes: int) -> dict[str, Any]:
-    """The RAM the budgets read and what it is: a GraphDef's traced peak of live tensors;
-    for a kind without a traced run (LiteRT), the measured heap growth of the load probe,
-    which benchmark runs for every kind; without benchmark, the file's size."""
-    if info.get("peak_memory_bytes"):
-        return {"ram_bytes": int(info["peak_memory_bytes"]), "ram_source": RAM_TRACED}
+    """The RAM the budgets read, one definition for every kind: the load probe's measured
+    heap growth (benchmark runs it for every kind), else the traced peak of live tensors,
+    else the file's size; `ram_source` says which, `ram_measure` in a word."""
     growth = (info.get("memory") or {}).get("anon_growth_mb")
     if isinstance(growth, int | float):
-        return {"ram_bytes": max(int(round(growth * MB)), 0), "ram_source": RAM_HEAP}
-    return {"ram_bytes": size_bytes, "ram_source": RAM_SIZE}
+        found = {"ram_bytes": max(int(round(growth * MB)), 0), "ram_source": RAM_HEAP}
+    elif info.get("peak_memory_bytes"):
+        found = {"ram_bytes": int(info["peak_memory_bytes"]), "ram_source": RAM_TRACED}
+    else:
+        found = {"ram_bytes": size_bytes, "ram_source": RAM_SIZE}
+    return {**found, "ram_measure": RAM_MEASURES[found["ram_source"]]}
+
+
+# The sentence a layer diagnostic (freeze_ranges, convert_tflite) ends with: turn the guard on
+GUARD_ADVICE = re.compile(r"\.\s+Where a quality budget breaks, the guard \(.*$", re.DOTALL)
+
+
+def guard_on(nodes: list[Any]) -> bool:
+    """Whether a pipeline's own stages turn the accuracy guard on (quantize_nodes' or
+    convert_tflite's `guard: true`)."""
+    return any(getattr(node.params, "guard", False) is True for node in nodes)
+
+
+def without_guard_advice(diagnostic: str) -> str:
+    """The diagnostic without its advice to turn the guard on (the pipeline has it on)."""
+    return GUARD_ADVICE.sub("", diagnostic)
 
 
 def build_variant(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, NodeOutcome],
@@ -70,8 +91,11 @@ def build_variant(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, N
     nodes = plan.pipelines[name]
     own = [outcomes[n.id] for n in nodes if n.id in outcomes]
     metrics, info = _merged(own)
-    # diagnostics: what a stage found that changed nothing (report.json and the page)
-    diagnostics = [d for o in own for d in o.info.get("diagnostics") or []]
+    # diagnostics: what a stage found that changed nothing (report.json and the page);
+    # advice to turn the guard on is dropped where the pipeline has it on already
+    guarded = guard_on(nodes)
+    diagnostics = [without_guard_advice(d) if guarded else d
+                   for o in own for d in o.info.get("diagnostics") or []]
     facts = data.model_facts(plan.final_model_key(name))
     accuracy = metrics.get("accuracy")
     source_accuracy = metrics.get("source_accuracy") if accuracy is not None else None
@@ -178,14 +202,7 @@ def selection_reasons(variants: Mapping[str, Mapping[str, Any]],
             if best is None:
                 continue
             if name == chosen:
-                others = [n for n in variants if n != name
-                          and variants[n]["targets"][target]["budgets_ok"]]
-                host = (f"; within {ESTIMATE_TIE:.0%}, the fastest measured on this host, "
-                        f"{format_ms(measured)} p50" if math.isfinite(measured) else "")
-                why[name] = ("selected: meets every budget" + (
-                    f"; lowest estimated latency ({format_ms(result['est_latency_ms'])} "
-                    f"est.{host}), then smallest size, among {', '.join([name, *others])}"
-                    if others else "; the only variant that does"))
+                why[name] = _chosen_reason(name, variants, target)
                 continue
             best_est, best_measured = _estimate(best, target), _measured(best)
             both_measured = math.isfinite(measured) and math.isfinite(best_measured)
@@ -210,6 +227,42 @@ def selection_reasons(variants: Mapping[str, Mapping[str, Any]],
                              f"but larger ({mine} vs {theirs})")
         reasons[target] = why
     return reasons
+
+
+def _chosen_reason(name: str, variants: Mapping[str, Mapping[str, Any]], target: str) -> str:
+    """Why `select` chose `name`, naming only the steps of its rule that decided: the
+    lowest estimate; the host measurement only where another estimate is within
+    ESTIMATE_TIE of it; the size only where the measurement tied too."""
+    ok = {n: v for n, v in variants.items() if v["targets"][target]["budgets_ok"]}
+    others = [n for n in ok if n != name]
+    if not others:
+        return "selected: meets every budget; the only variant that does"
+    est, measured = _estimate(ok[name], target), _measured(ok[name])
+    lowest = min(ok, key=lambda n: (_estimate(ok[n], target), n))
+    floor = _estimate(ok[lowest], target)
+    close = [n for n in others if _estimate(ok[n], target) <= floor * (1 + ESTIMATE_TIE)]
+    parts = ["selected: meets every budget"]
+    if not math.isfinite(est):
+        parts.append("no variant has an estimated latency (add benchmark to the pipelines)")
+    elif est <= floor:
+        parts.append(f"lowest estimated latency ({format_ms(est)} est.)")
+    else:
+        mine, theirs = _ms_pair(est, floor)
+        parts.append(f"estimated latency {mine}, within {ESTIMATE_TIE:.0%} of the lowest "
+                     f"({lowest}'s {theirs})")
+    slower = [n for n in close if _measured(ok[n]) > measured]
+    if slower and math.isfinite(est):
+        if est <= floor:  # which estimates are within the tie, not said yet
+            parts.append(f"within {ESTIMATE_TIE:.0%} of it: " + ", ".join(
+                f"{n} ({format_ms(_estimate(ok[n], target))} est.)" for n in close))
+        vs = ", ".join(f"{n}'s {format_ms(_measured(ok[n]))}" for n in slower)
+        parts.append(f"the fastest measured on this host ({format_ms(measured)} p50 vs {vs})")
+    tied = [n for n in close if _measured(ok[n]) == measured]  # unmeasured ones tie too
+    if tied:
+        mine, theirs = apart(ok[name]["size_bytes"], min(ok[n]["size_bytes"] for n in tied),
+                             format_size)
+        parts.append(f"then the smallest of {', '.join([name, *tied])} ({mine} vs {theirs})")
+    return "; ".join(parts)
 
 
 def _ms_pair(first: float, second: float) -> tuple[str, str]:
@@ -385,6 +438,18 @@ KIND_WORDS = {"graphdef": "TensorFlow GraphDef",
 PARAMS_NOTE = ("params: elements of the constant tensors in the shipped file (weights and "
                "biases after batch norm is folded, shapes, 8-bit ranges)")
 TIMING_NOTE = "timings: 3 significant digits, µs below 1 ms"
+NO_TARGETS = "no targets: nothing selected (add targets with budgets to pick a file per device)"
+# the RAM figure's name -> what it is, for the note under the table
+RAM_SOURCE_OF = {measure: source for source, measure in RAM_MEASURES.items()}
+
+
+def ram_measure(variant: Mapping[str, Any]) -> str:
+    """What a variant's RAM figure is (report._ram); a report written before it was named
+    says it in `ram_source` only."""
+    source = str(variant.get("ram_source") or "")
+    return str(variant.get("ram_measure") or RAM_MEASURES.get(source) or (
+        "heap growth" if "heap growth" in source else "traced peak"
+        if "live tensors" in source else "file size"))
 
 
 def broken_in(variant: Mapping[str, Any]) -> dict[str, list[str]]:
@@ -496,6 +561,9 @@ def print_summary(report: Mapping[str, Any], out_dir: Path, console: Any = None)
 
     # a pipe or CI log gets a wide table instead of rich's 80-column default
     console = console or Console(width=None if sys.stdout.isatty() else 160)
+    # prose (notes, reasons, method lines) is never broken mid-phrase where the output is
+    # not a terminal (make, a pipe, a CI log): one line each, as long as it is
+    prose = {"soft_wrap": not console.is_terminal, "highlight": False}
     variants = report["variants"]
     target_names = list(report.get("selected") or {})
     broken = {name: broken_in(v) for name, v in variants.items()}
@@ -503,18 +571,26 @@ def print_summary(report: Mapping[str, Any], out_dir: Path, console: Any = None)
                for t in target_names}
     show_ram = any("ram" in b for b in broken.values()) or any(
         "max_ram_mb" in b for b in budgets.values())
+    ram_measures = {ram_measure(v) for v in variants.values()}
     # outputs that are not class scores: their lowest SQNR says more than one fidelity figure
     sqnr = any(_min_sqnr(v) != "-" for v in variants.values())
-    # the table's units and words, stated once under it
-    notes = [f"size, gzip{', RAM' if show_ram else ''}: {SIZE_UNIT_NOTE}", PARAMS_NOTE,
-             f"{TIMING_NOTE}; est.: the device's latency, estimated (budgets and selection "
-             f"use it; host p50 decides within {ESTIMATE_TIE:.0%}; how, per variant: "
-             "report.html)", "✗: the budget that broke, in its own cell and named in its "
-             "target's column; ✓: selected"]
+    # the table's units and words, stated once under it; legends only for columns shown
+    notes = [f"size, gzip{', RAM' if show_ram else ''}: {SIZE_UNIT_NOTE}", PARAMS_NOTE]
+    if show_ram:
+        notes.append("RAM: " + "; ".join(f"{RAM_SOURCE_OF[m]}" for m in sorted(
+            ram_measures, key=list(RAM_SOURCE_OF).index)))
+    if target_names:
+        notes += [f"{TIMING_NOTE}; est.: the device's latency, estimated (budgets and "
+                  f"selection use it; host p50 decides within {ESTIMATE_TIE:.0%}; how, per "
+                  "variant: report.html)", "✗: the budget that broke, in its own cell and "
+                  "named in its target's column; ✓: selected"]
+    else:
+        notes += [TIMING_NOTE, NO_TARGETS]
     table = Table(title=f"recipe {report['recipe']}")
     columns = ["variant", "size MiB", "gzip MiB", "params", "host p50\n(measured)"]
-    if show_ram:
-        columns.append("RAM MiB")
+    if show_ram:  # what the figure is: one name for all, else per cell
+        columns.append("RAM MiB\n(" + (next(iter(ram_measures)) if len(ram_measures) == 1
+                                       else "see cells") + ")")
     columns += ["accuracy", "drop", "fidelity"]
     if sqnr:
         columns.append("min SQNR dB\n(output)")
@@ -541,7 +617,9 @@ def print_summary(report: Mapping[str, Any], out_dir: Path, console: Any = None)
                format_size(v.get("gzip_size_bytes"), unit=False),
                format_count(v.get("params")), format_ms((v.get("latency_ms") or {}).get("p50"))]
         if show_ram:
-            row.append(_marked(format_size(v.get("ram_bytes"), unit=False), "ram" in cells))
+            ram = format_size(v.get("ram_bytes"), unit=False)
+            row.append(_marked(ram if len(ram_measures) == 1 else f"{ram} {ram_measure(v)}",
+                               "ram" in cells))
         row += [_fmt(v.get("accuracy"), ".4f"),
                 _marked(_fmt(v.get("accuracy_drop"), "+.4f"), "accuracy" in cells),
                 _marked(_fmt(v.get("fidelity"), ".4f"), "fidelity" in cells)]
@@ -552,29 +630,30 @@ def print_summary(report: Mapping[str, Any], out_dir: Path, console: Any = None)
     from rich.markup import escape
 
     for note in notes:
-        console.print(f"  [dim]{escape(note)}[/]", highlight=False)
+        console.print(f"  [dim]{escape(note)}[/]", **prose)
 
     for where, warning in console_warnings(report):
-        console.print(f"  [yellow]warning[/] {escape(where)}: {escape(warning)}",
-                      highlight=False)
+        console.print(f"  [yellow]warning[/] {escape(where)}: {escape(warning)}", **prose)
     reasons = report.get("selection_reasons") or {}
     ships = ship_lines(report, out_dir)
     for target, variant in report.get("selected", {}).items():
-        console.print(f"selected for {target}: "
-                      + (f"[bold green]{variant}[/]" if variant else "[bold red]none meets "
-                         "its budgets[/]"))
+        console.print(f"selected for {escape(target)}: "
+                      + (f"[bold green]{escape(variant)}[/]" if variant else "[bold red]none "
+                         "meets its budgets[/]"), **prose)
         if target in ships:
-            console.print(f"  {escape(ships[target])}", highlight=False)
+            console.print(f"  {escape(ships[target])}", **prose)
             method = ((variants[variant]["targets"][target].get("estimate") or {})
                       .get("method"))
             if method:
-                console.print(f"  its estimate: {escape(method)}", highlight=False)
+                console.print(f"  its estimate: {escape(method)}", **prose)
         for name, why in (reasons.get(target) or {}).items():
-            console.print(f"  {name}: {escape(why)}", highlight=False)
+            console.print(f"  {escape(name)}: {escape(why)}", **prose)
     for name, v in variants.items():
         if v.get("encryption"):  # where the key came from; never the key
-            console.print(f"{name}: encrypted with key id {v['encryption'].get('key_id')} "
-                          f"from {v['encryption'].get('key_source')}")
+            console.print(f"{escape(name)}: encrypted with key id "
+                          f"{escape(str(v['encryption'].get('key_id')))} from "
+                          f"{escape(str(v['encryption'].get('key_source')))}", **prose)
     page = " and report.html (open it in a browser)" if "report.html" in (
         report.get("page_files") or []) else ""
-    console.print(f"results: {out_dir}/report.json{page}, the models in {out_dir}/<variant>/")
+    console.print(escape(f"results: {out_dir}/report.json{page}, the models in "
+                         f"{out_dir}/<variant>/"), **prose)

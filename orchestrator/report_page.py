@@ -101,7 +101,14 @@ def render(report: Mapping[str, Any], images: Mapping[str, bytes],
         format_size,
         layer_names,
     )
-    from orchestrator.report import PARAMS_NOTE, broken_in, console_warnings
+    from orchestrator.report import (
+        NO_TARGETS,
+        PARAMS_NOTE,
+        RAM_SOURCE_OF,
+        broken_in,
+        console_warnings,
+        ram_measure,
+    )
 
     environment = jinja2.Environment(
         loader=jinja2.PackageLoader("orchestrator", "templates"),
@@ -120,6 +127,9 @@ def render(report: Mapping[str, Any], images: Mapping[str, bytes],
     methods = [(name, t, v["targets"][t]["estimate"]["method"]) for t in target_names
                for name, v in variants.items()
                if (v["targets"][t].get("estimate") or {}).get("method")]
+    # what the RAM column's figures are: one name for all, else each cell names its own
+    ram_measures = sorted({ram_measure(v) for v in variants.values()},
+                          key=list(RAM_SOURCE_OF).index)
     html = template.render(
         report=report, target_names=target_names, targets=report.get("targets") or {},
         selected_names=set(filter(None, (report.get("selected") or {}).values())),
@@ -127,6 +137,9 @@ def render(report: Mapping[str, Any], images: Mapping[str, bytes],
         disagreements=_disagreements(report), broken=broken,
         show_ram=any("ram" in b for b in broken.values()) or any(
             "max_ram_mb" in b for b in budgets),
+        ram_header=ram_measures[0] if len(ram_measures) == 1 else "see cells",
+        ram_mixed=len(ram_measures) > 1, ram_measure=ram_measure,
+        ram_notes=[RAM_SOURCE_OF[m] for m in ram_measures], no_targets=NO_TARGETS,
         methods=methods, method_number={(n, t): i + 1 for i, (n, t, _) in enumerate(methods)},
         ships=_ships(report, out_dir), size_note=SIZE_UNIT_NOTE, params_note=PARAMS_NOTE,
         pictures=[(title, name) for title, name in PICTURES if name in images],

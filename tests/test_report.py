@@ -5,7 +5,7 @@ from __future__ import annotations
 from orchestrator.budgets import MB, check_budgets
 from orchestrator.devices import resolve_device
 from orchestrator.recipe_models import Budgets
-from orchestrator.report import select, selection_reasons
+from orchestrator.report import RAM_HEAP, select, selection_reasons
 
 
 def variant(size: int, est: float | None, ok: bool = True, p50: float | None = None) -> dict:
@@ -46,7 +46,9 @@ def test_measured_latency_decides_among_estimates_that_tie() -> None:
                 "fp32": variant(1000, 0.057, p50=0.61)}
     assert select(variants, ["t"]) == {"t": "litert_int8"}
     why = selection_reasons(variants, select(variants, ["t"]))["t"]
-    assert "the fastest measured on this host, 33.0 µs p50" in why["litert_int8"]
+    assert why["litert_int8"] == (
+        "selected: meets every budget; estimated latency 31.0 µs, within 10% of the lowest "
+        "(int8's 30.0 µs); the fastest measured on this host (33.0 µs p50 vs int8's 1.24 ms)")
     assert why["int8"] == ("meets every budget, estimated latency close to litert_int8's "
                            "(30.0 µs vs 31.0 µs), but slower measured on this host (1.24 ms "
                            "vs 33.0 µs p50)")
@@ -60,9 +62,30 @@ def test_measured_latency_decides_among_estimates_that_tie() -> None:
     assert "disagree" in fp32
 
 
+def test_the_chosen_reason_names_only_the_steps_of_the_rule_that_decided() -> None:
+    # the digits run: no other estimate within 10%, so neither the host measurement nor
+    # the size decided, and the reason says neither
+    far = {"litert_int8": variant(277_760, 0.0331, p50=0.0063),
+           "litert_dynamic": variant(275_000, 0.0604, p50=0.0071),
+           "fp32": variant(1_076_839, 1.17, p50=0.221)}
+    why = selection_reasons(far, select(far, ["t"]))["t"]["litert_int8"]
+    assert why == "selected: meets every budget; lowest estimated latency (33.1 µs est.)"
+    # within 10% of it, the measurement decided: it names the estimates that tied
+    close = {**far, "litert_dynamic": variant(275_000, 0.0340, p50=0.0071)}
+    why = selection_reasons(close, select(close, ["t"]))["t"]["litert_int8"]
+    assert why == ("selected: meets every budget; lowest estimated latency (33.1 µs est.); "
+                   "within 10% of it: litert_dynamic (34.0 µs est.); the fastest measured "
+                   "on this host (6.30 µs p50 vs litert_dynamic's 7.10 µs)")
+    # estimates and measurements alike: the size decided, and only then is it said
+    same = {"a": variant(3072, 2.0), "b": variant(2048, 2.0), "c": variant(100, 9.0)}
+    why = selection_reasons(same, select(same, ["t"]))["t"]["b"]
+    assert why == ("selected: meets every budget; lowest estimated latency (2.00 ms est.); "
+                   "then the smallest of b, a (0.00195 MiB vs 0.00293 MiB)")
+
+
 def test_check_budgets_names_each_violation() -> None:
     v = {"size_bytes": int(1.5 * MB), "accuracy_drop": 0.03, "fidelity": 0.9,
-         "ram_bytes": 50 * MB, "ram_source": "measured peak (benchmark)"}
+         "ram_bytes": 50 * MB, "ram_source": RAM_HEAP, "ram_measure": "heap growth"}
     budgets = Budgets(max_size_mb=1.0, max_accuracy_drop=0.01, min_fidelity=0.95,
                       max_latency_ms=10, max_ram_mb=20)
     violations = check_budgets(v, budgets, est_latency_ms=12.5)
@@ -71,7 +94,8 @@ def test_check_budgets_names_each_violation() -> None:
     assert "accuracy drop 0.0300 > max_accuracy_drop 0.01" in violations
     assert "fidelity 0.9000 < min_fidelity 0.95" in violations
     assert "estimated latency 12.5 ms > max_latency_ms 10 ms" in violations
-    assert "RAM 50.0 MiB > max_ram_mb 20 MiB" in violations
+    # what the figure is, as in the RAM column's name and the device limit's message
+    assert "RAM 50.0 MiB (heap growth) > max_ram_mb 20 MiB" in violations
     # each knows the budget it broke: the report marks that cell
     assert [x.kind for x in violations] == ["size", "accuracy", "fidelity", "latency", "ram"]
     assert check_budgets(v, Budgets(), est_latency_ms=None) == []
@@ -88,9 +112,10 @@ def test_unmeasured_budgets_say_what_to_add() -> None:
 def test_device_ram_limit_applies_without_a_budget() -> None:
     phone = resolve_device("phone-2016")
     big = {"size_bytes": 10, "ram_bytes": int((phone.ram_limit_mb + 1) * MB),
-           "ram_source": "model size: add benchmark to measure"}
+           "ram_source": "model size: add benchmark to measure", "ram_measure": "file size"}
     violations = check_budgets(big, Budgets(), None, phone)
     assert len(violations) == 1 and "device's limit" in violations[0]
+    assert violations[0].startswith(f"RAM {phone.ram_limit_mb + 1:.3g} MiB (file size) > ")
 
 
 def test_summary_shows_the_lowest_sqnr_of_outputs_that_are_not_classes(tmp_path) -> None:

@@ -182,11 +182,105 @@ def test_the_page_links_the_loading_docs_relative_to_itself(report: dict,
     assert '<a href="../../docs/loading.md">docs/loading.md</a>' in html
 
 
-def test_ram_is_measured_for_every_kind_that_ran_benchmark() -> None:
-    assert _ram({"peak_memory_bytes": 1_086_000}, 10) == {"ram_bytes": 1_086_000,
-                                                          "ram_source": RAM_TRACED}
-    # LiteRT has no traced run, but the load probe measured its heap
+def test_ram_is_one_measure_for_every_kind() -> None:
+    # a GraphDef's traced run and its load probe both ran: the probe's heap growth counts,
+    # as for a .tflite (the digits fp32: 1.04 MiB of live tensors, 13.1 MiB of heap)
+    both = {"peak_memory_bytes": 1_086_000, "memory": {"load_ms": 274.5,
+                                                       "anon_growth_mb": 13.066}}
+    assert _ram(both, 1_076_839) == {"ram_bytes": round(13.066 * MB), "ram_source": RAM_HEAP,
+                                     "ram_measure": "heap growth"}
     tflite = _ram({"memory": {"load_ms": 23.0, "anon_growth_mb": 0.535}}, 277_760)
-    assert tflite == {"ram_bytes": round(0.535 * MB), "ram_source": RAM_HEAP}
-    assert "add benchmark" not in tflite["ram_source"]
-    assert _ram({}, 277_760) == {"ram_bytes": 277_760, "ram_source": RAM_SIZE}
+    assert tflite == {"ram_bytes": round(0.535 * MB), "ram_source": RAM_HEAP,
+                      "ram_measure": "heap growth"}
+    # the probe did not run: the traced peak, then the file's size, each named
+    assert _ram({"peak_memory_bytes": 1_086_000}, 10) == {
+        "ram_bytes": 1_086_000, "ram_source": RAM_TRACED, "ram_measure": "traced peak"}
+    assert _ram({}, 277_760) == {"ram_bytes": 277_760, "ram_source": RAM_SIZE,
+                                 "ram_measure": "file size"}
+
+
+def test_a_ram_budget_reads_the_heap_growth_and_the_column_says_so(report: dict,
+                                                                    tmp_path: Path) -> None:
+    from orchestrator.budgets import check_budgets
+    from orchestrator.recipe_models import Budgets
+
+    fp32 = {"size_bytes": 1_076_839, **_ram({"peak_memory_bytes": 1_086_000, "memory": {
+        "anon_growth_mb": 13.066}}, 1_076_839)}
+    [broke] = check_budgets(fp32, Budgets(max_ram_mb=5), None)
+    assert broke == "RAM 13.1 MiB (heap growth) > max_ram_mb 5 MiB" and broke.kind == "ram"
+    report["targets"]["phone"]["budgets"]["max_ram_mb"] = 5
+    for name, v in report["variants"].items():
+        v.update(_ram({"memory": {"anon_growth_mb": 13.066 if name == "fp32" else 0.5}}, 0))
+    text = _console(report, tmp_path)
+    assert "RAM MiB" in text and "(heap growth)" in text
+    assert "RAM: heap growth, measured: the RssAnon growth of a fresh process" in text
+    html = render(report, {}, tmp_path).decode()
+    assert "RAM MiB<br>(heap growth)" in html
+    # a variant the probe did not measure: its cell says what its figure is
+    report["variants"]["int8"].update(_ram({"peak_memory_bytes": 300_000}, 0))
+    text = _console(report, tmp_path)
+    assert "0.286 traced peak" in _row(text, "int8") and "(see cells)" in text
+    assert "traced peak: the peak of live tensors" in text
+
+
+def test_without_targets_no_target_legend_and_one_line_why_nothing_is_selected(
+        report: dict, tmp_path: Path) -> None:
+    with_targets = _console(report, tmp_path)
+    assert "est.: the device's latency" in with_targets and "✓: selected" in with_targets
+    assert "no targets" not in with_targets
+    report.update(selected={}, targets={}, selection_reasons={})
+    for v in report["variants"].values():
+        v["targets"] = {}
+    text = _console(report, tmp_path)
+    assert "est.:" not in text and "✗" not in text and "✓" not in text
+    assert text.count("no targets: nothing selected (add targets with budgets to pick a "
+                      "file per device)") == 1
+    html = render(report, {}, tmp_path).decode()
+    assert "no targets: nothing selected" in html and "Estimated</b>" not in html
+
+
+def test_prose_is_not_broken_mid_phrase_where_the_output_is_no_terminal(
+        report: dict, tmp_path: Path) -> None:
+    long = ("selected: meets every budget; lowest estimated latency (29.6 µs est.); and "
+            "a reason long enough to pass the console's width " + "word " * 30).strip()
+    report["selection_reasons"]["phone"]["litert_int8"] = long
+    out = io.StringIO()
+    print_summary(report, tmp_path, Console(file=out, width=80, color_system=None))
+    text = out.getvalue()
+    assert f"  litert_int8: {long}\n" in text  # one line, however long
+    assert "  timings: 3 significant digits, µs below 1 ms; est.: the device's latency, " \
+           "estimated (budgets and selection use it; host p50 decides within 10%; how, per " \
+           "variant: report.html)\n" in text
+    # the table still fits the width it was given
+    assert max(len(line) for line in text.splitlines() if line[:1] in "┏│┗┃┡└") <= 80
+
+
+def test_diagnostics_drop_the_guard_advice_where_the_guard_is_on(report: dict,
+                                                                 tmp_path: Path) -> None:
+    from orchestrator.plan import build_plan
+    from orchestrator.recipe import load_recipe
+    from orchestrator.report import guard_on, without_guard_advice
+    from orchestrator.stages.freeze_ranges import _flag_diagnostic
+
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "digits.yaml"
+    plan = build_plan(load_recipe(recipe, check_files=False), None, {})
+    # digits.yaml: quantize_nodes {guard: true} in int8; LiteRT's without the guard
+    assert {name: guard_on(nodes) for name, nodes in plan.pipelines.items()} == {
+        "fp32": False, "int8": True, "mobile": False, "litert_int8": False,
+        "litert_dynamic": False}
+    row = {"node": NODES[1], "rmse_over_scale": 1.07, "clipped_share": 0.009}
+    said = _flag_diagnostic([row], NODES)  # the stage's own words
+    assert "guard" in said
+    kept = without_guard_advice(said)
+    assert kept == ("1 layer(s) above 0.7 RMSE/scale (rounding alone: 0.29): "
+                    "bn1_1/batchnorm/add_1 1.07 (0.9% clipped)")
+    tflite = ("1 layer(s) above 0.7 RMSE/scale (rounding alone: 0.29): dense 0.9. Where a "
+              "quality budget breaks, the guard (convert_tflite: {guard: true}) keeps such "
+              "layers in float")
+    assert without_guard_advice(tflite) == ("1 layer(s) above 0.7 RMSE/scale (rounding "
+                                            "alone: 0.29): dense 0.9")
+    other = "stay float in the int8 model (no int8 kernel, or kept float): SOFTMAX x1"
+    assert without_guard_advice(other) == other
+    # the page's heading, in the plural its subject takes
+    html = render(report, {}, tmp_path).decode()
+    assert "What the stages found that changed nothing and ask for no action." in html
