@@ -6,8 +6,9 @@
   (pipelines without one, such as LiteRT's, are named in one line instead of a panel);
 - `tradeoff.png`: per target, size against accuracy (or fidelity) of every variant, each
   coloured by its *estimated* device latency (with a colour bar), the target's budget
-  lines, the selected one ringed; variants that would sit on one dot are drawn side by
-  side with one label;
+  lines, the selected one ringed; each dot at its variant's true size and quality, and
+  where dots would hide each other, drawn a few points apart on the screen (the data
+  stay put) with one label saying so;
 - `layer_errors.png`: per 8-bit variant, each layer's own error (rmse/scale) as the
   diagnostics measured it, flagged layers in red, named as everywhere else
   (formatting.layer_names).
@@ -37,7 +38,7 @@ DPI = 110
 # linear one, a few slow runs (a cold cache, a busy core) squash the rest into one bar.
 LOG_SPREAD = 3.0
 MARKER_SIZE = 64  # scatter's s: points squared, so the marker is 8 pt across
-DODGE_PT = 11.0  # variants drawn side by side are this far apart
+DODGE_PT = 9.0  # a cluster's markers are drawn this far apart (8 pt wide each)
 CLUSTER_PT = 10.0  # markers closer than this would hide each other: a cluster
 
 
@@ -303,8 +304,9 @@ def _clusters(ax: Any, points: Sequence[tuple[str, float, float, Any]], dpi: flo
 
 def _place_points(figure: Any, ax: Any, points: Sequence[tuple[str, float, float, Any]],
                   norm: Any, cmap: Any, selected: str | None) -> None:
-    """Each variant's dot; a cluster's side by side around its centre (sizes within a few
-    KiB would otherwise hide each other), with one label naming them left to right."""
+    """Each variant's dot at its own data position (size, quality); where dots would hide
+    each other (sizes within a few KiB), a cluster's markers are moved apart on the screen
+    only, DODGE_PT each, and its one label says so and names them left to right."""
     from matplotlib.transforms import Bbox, offset_copy
 
     renderer = figure.canvas.get_renderer()
@@ -315,28 +317,35 @@ def _place_points(figure: Any, ax: Any, points: Sequence[tuple[str, float, float
         x = sum(points[i][1] for i in members) / len(members)
         y = sum(points[i][2] for i in members) / len(members)
         offsets = [(k - (len(members) - 1) / 2) * DODGE_PT for k in range(len(members))]
+        centre = ax.transData.transform((x, y))
+        radius = (math.sqrt(MARKER_SIZE * (4 if selected in (points[i][0] for i in members)
+                                           else 1)) / 2 + 1) * scale
         lines = []
-        names = [points[i][0] for i in members]
+        reach = 0.0  # how far right of the cluster's centre its markers are drawn, points
         for i, dx in zip(members, offsets, strict=True):
-            name, _, _, est = points[i]
+            name, size, quality, est = points[i]
+            # the data stay true; only the drawing moves, by dx points
             shifted = offset_copy(ax.transData, fig=figure, x=dx, y=0, units="points")
             color = cmap(norm(est)) if (norm is not None and est is not None) else "lightgrey"
-            ax.scatter([x], [y], s=MARKER_SIZE, color=color, edgecolors="black",
-                       linewidths=0.6, zorder=3, transform=shifted, clip_on=False)
+            ax.scatter([size], [quality], s=MARKER_SIZE, color=color, edgecolors="black",
+                       linewidths=0.6, zorder=3, transform=shifted, clip_on=False,
+                       label=name)
             if name == selected:
-                ax.scatter([x], [y], s=MARKER_SIZE * 4, facecolors="none",
+                ax.scatter([size], [quality], s=MARKER_SIZE * 4, facecolors="none",
                            edgecolors="#c44e52", linewidths=2, zorder=4, transform=shifted,
                            clip_on=False)
             lines.append(f"{name}, est. {format_ms(est)}" if est is not None else name)
-        centre = ax.transData.transform((x, y))
-        radius = (math.sqrt(MARKER_SIZE * (4 if selected in names else 1)) / 2 + 1) * scale
-        for dx in offsets:  # the markers' boxes, for the labels to keep clear of
-            cx = centre[0] + dx * scale
-            obstacles.append(Bbox.from_extents(cx - radius, centre[1] - radius,
-                                               cx + radius, centre[1] + radius))
-        where = f"{len(lines)} variants at {format_size(x * MIB)}, left to right:"
+            drawn = ax.transData.transform((size, quality)) + (dx * scale, 0.0)
+            reach = max(reach, (drawn[0] - centre[0]) / scale)
+            obstacles.append(Bbox.from_extents(drawn[0] - radius, drawn[1] - radius,
+                                               drawn[0] + radius, drawn[1] + radius))
+        sizes = sorted(points[i][1] for i in members)
+        low, high = format_size(sizes[0] * MIB), format_size(sizes[-1] * MIB)
+        span = low if low == high else f"{low.removesuffix(' MiB')}–{high}"
+        where = (f"{len(lines)} variants at {span}, drawn a few points apart, left to "
+                 "right:")
         text = "\n".join(lines if len(lines) == 1 else [where, *lines])
-        half = offsets[-1] + radius / scale + 2.0  # clear of the outermost marker
+        half = reach + radius / scale + 2.0  # clear of the outermost marker
         label = ax.annotate(text, (x, y), xytext=(half, 0), textcoords="offset points",
                             fontsize=7, va="center", ha="left", zorder=5,
                             arrowprops={"arrowstyle": "-", "color": "0.55", "lw": 0.6,

@@ -75,6 +75,20 @@ def test_tradeoff_separates_variants_on_one_dot(accuracy: float) -> None:
         dots = [tuple(c.get_offset_transform().transform(c.get_offsets()[0]).round())
                 for c in ax.collections if c.get_sizes()[0] == plots.MARKER_SIZE]
         assert len(dots) == 5 and len(set(dots)) == 5
+        # ... and each at its variant's true size and quality in data: only the drawing
+        # moves, a few points (not the 0.07 MiB a shift in data would show)
+        report = _report(accuracy)
+        markers = {c.get_label(): c for c in ax.collections
+                   if c.get_sizes()[0] == plots.MARKER_SIZE}
+        assert set(markers) == set(report["variants"])
+        for name, marker in markers.items():
+            variant = report["variants"][name]
+            (x, y), = marker.get_offsets()
+            assert x == variant["size_bytes"] / plots.MIB and y == variant["accuracy"]
+            drawn = marker.get_offset_transform().transform((x, y))
+            true = ax.transData.transform((x, y))
+            apart_pt = abs(drawn[0] - true[0]) * 72.0 / figure.dpi
+            assert apart_pt <= 1.5 * plots.DODGE_PT and drawn[1] == pytest.approx(true[1])
         colours = [tuple(c.get_facecolor()[0]) for c in ax.collections
                    if c.get_sizes()[0] == plots.MARKER_SIZE]
         assert len(set(colours)) == 5  # est. latencies 0.03..7.4 ms: five colours
@@ -83,6 +97,7 @@ def test_tradeoff_separates_variants_on_one_dot(accuracy: float) -> None:
         assert len(labels) == 2
         cluster = next(t.get_text() for t in labels if "left to right" in t.get_text())
         assert all(name in cluster for name in FOUR_AT_ONE_DOT)
+        assert cluster.startswith("4 variants at 0.266–0.271 MiB, drawn a few points apart")
         assert not _boxes_overlap([plots.text_box(t, renderer) for t in labels])
         # accuracy is a fraction: the axis stays within [0, 1], padding inside only
         low, high = ax.get_ylim()
