@@ -1,32 +1,38 @@
 """Latency estimates per target: the model's FLOPs at the device's speed, plus the runtime's
-own cost per run and per op, calibrated on this host's measurement of the same file.
+own cost per run and per op, measured on this host and scaled by the device's one-core speed.
 
-FLOPs alone cannot tell a TF session (tens of µs per run and a few µs per graph node) from
-LiteRT (under a µs per run): two files of the same arithmetic would get the same estimate,
-far below what this host measures for the slower runtime. So, per file:
+FLOPs alone cannot tell a TF session (tens of µs per run) from LiteRT (about a µs): two
+files of the same arithmetic would get the same estimate, far below what this host
+measures for the slower runtime. So, per file:
 
-    host time = compute + overhead
-    compute   = FLOPs / this host's measured FLOP/s (a matmul at the benchmark's threads)
-    overhead  = max(fixed, host time - compute) = fixed + per_op x ops
-                (fixed: a one-op model's fastest run in the same runtime, on this host;
-                 ops: graph nodes a TF session runs, operators LiteRT invokes)
+    compute (host) = FLOPs / this host's measured FLOP/s (a matmul at the benchmark's threads)
+    excess         = the file's fastest timed run - compute (host)
+    overhead       = excess clamped to [fixed, fixed + ops x per_op]
 
-The host time is the fastest of the benchmark's timed runs of this file, not its p50: other
-processes on the host only ever add time, and multiplied by the device's slowdown their
-noise would decide budgets (on a shared 2-core machine one file's p50 was 7x its fastest
-run). The p50 is shown beside it.
+`fixed` and `per_op` are the runtime's own cost per run and per op, probed once per process
+on this host (orchestrator.host.runtime_costs: a one-op model and a chain of cheap ops, the
+fastest of many runs). `ops` are the ops a run of the file executes: a TF session's graph
+nodes, LiteRT's operators (as `inspect` counts them). The file's own measurement decides
+within the band; outside it:
 
-    device estimate = FLOPs / device FLOP/s x precision factor
-                      + overhead x slowdown
+- below the floor (`fixed`) is timing resolution, or kernels faster than the probe's
+  matmul: the runtime still costs its measured cost per run;
+- above the ceiling is kernel time on this host's CPU (e.g. x86's slow classic 8-bit
+  kernels, where ARM's NEON kernels are the fast ones), which does not carry over to another
+  CPU: the device's kernel time is the compute term. The overhead is capped at the ceiling
+  (`ceiling_applied`), so the same graph memory-mapped or not gets the same estimate, and
+  a loaded host's slow runs do not reach the estimate beyond the probe.
+
+The fastest timed run is taken, not the p50: other processes only ever add time. The p50
+and the timings' coefficient of variation (`host_cv`) are shown beside it; above
+CV_WARN the method says the timings spread.
+
+    device estimate = FLOPs / device FLOP/s x precision factor + overhead x slowdown
 
 where slowdown is this host's measured one-core FLOP/s over the device's (the catalogue's
 `core_flops_per_second`): the overhead is scalar work on one core, so it follows one core's
 speed, not the device's total. Where the benchmark stage did not run (no host measurement),
 the estimate is FLOPs only and says so.
-
-Limits, stated where the estimate is shown: the host's compute is taken at the probe's
-matmul rate, so a compute-bound model's kernel shortfall from that rate counts as overhead
-(the estimate errs slow there); an int8 graph's slower x86 kernels count as overhead too.
 
 Pure: no TensorFlow import (report.py and the registry's gate import it).
 """
@@ -38,10 +44,14 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from orchestrator.devices import Device, core_flops_per_second
+from orchestrator.formatting import format_ms
 
-__all__ = ["Estimate", "estimate", "basis"]
+__all__ = ["Estimate", "estimate", "basis", "CV_WARN"]
 
 RUNTIME_OPS = {"tensorflow": "graph nodes", "litert": "operators"}
+RUNTIME_NAMES = {"tensorflow": "TF session", "litert": "LiteRT interpreter"}
+# timings spread wider than this (std / mean) make the fastest run a weak calibration
+CV_WARN = 0.3
 
 
 @dataclass(frozen=True)
@@ -59,25 +69,32 @@ class Estimate:
     per_op_ms: float | None = None  # and per op, on the device
     ops: int | None = None
     runtime: str | None = None
+    ceiling_applied: bool = False  # the file's excess was over fixed + ops x per_op
+    host_cv: float | None = None  # std / mean of the file's timed runs on this host
 
     def to_json(self) -> dict[str, Any]:
         """report.json's `estimate` (est_latency_ms stays the target's own key)."""
         data = asdict(self)
         data.pop("latency_ms")
-        return {key: (round(value, 6) if isinstance(value, float) else value)
+        return {key: (round(value, 7) if isinstance(value, float) else value)
                 for key, value in data.items()}
 
 
 def basis(p50_ms: float, flops_per_second: float, core_flops_per_second: float,
-          fixed_ms: float, ops: int | None, runtime: str, min_ms: float | None = None
-          ) -> dict[str, Any]:
+          fixed_ms: float, ops: int | None, runtime: str, min_ms: float | None = None,
+          per_op_ms: float | None = None, cv: float | None = None) -> dict[str, Any]:
     """What the benchmark stage records for the estimates (report.json `estimate_basis`):
-    its measured p50 and fastest run of this file, this host's measured speed, the runtime
-    and its ops."""
+    its measured p50, fastest run and cv of this file, this host's measured speed, the
+    runtime's probed cost per run and per op, and the ops a run of this file executes."""
     return {"host_p50_ms": p50_ms, "host_min_ms": p50_ms if min_ms is None else min_ms,
-            "host_flops_per_second": flops_per_second,
+            "host_cv": cv, "host_flops_per_second": flops_per_second,
             "host_core_flops_per_second": core_flops_per_second,
-            "fixed_ms": fixed_ms, "ops": ops, "runtime": runtime}
+            "fixed_ms": fixed_ms, "per_op_ms": per_op_ms, "ops": ops, "runtime": runtime}
+
+
+def _number(measured: Mapping[str, Any], key: str) -> float | None:
+    value = measured.get(key)
+    return float(value) if isinstance(value, int | float) and value >= 0 else None
 
 
 def estimate(flops: float | None, device: Device, precision: str = "float32",
@@ -88,7 +105,7 @@ def estimate(flops: float | None, device: Device, precision: str = "float32",
         return None
     factor = device.precision_factors.get(precision, 1.0)
     compute_ms = flops / device.flops_per_second * factor * 1000.0
-    compute_text = (f"{_ms(compute_ms)} compute ({_flops(flops)} at "
+    compute_text = (f"{format_ms(compute_ms)} compute ({_flops(flops)} at "
                     f"{_rate(device.flops_per_second)}"
                     + (f" ×{factor:g} {precision}" if factor != 1.0 else "") + ")")
     usable = measured is not None and all(
@@ -101,52 +118,63 @@ def estimate(flops: float | None, device: Device, precision: str = "float32",
                                "own cost)")
     assert measured is not None
     p50 = float(measured["host_p50_ms"])
-    fastest = measured.get("host_min_ms")
-    host_ms = float(fastest) if isinstance(fastest, int | float) else p50
+    host_ms = _number(measured, "host_min_ms")
+    host_ms = p50 if host_ms is None else host_ms
+    cv = _number(measured, "host_cv")
     host_compute_ms = flops / float(measured["host_flops_per_second"]) * 1000.0
-    fixed_host = measured.get("fixed_ms")
-    fixed_host = float(fixed_host) if isinstance(fixed_host, int | float) else None
-    # the runtime's cost per run was measured: it is there even where this file ran faster
-    # than its FLOPs at the probe's matmul rate (LiteRT's kernels outrun TF's matmul)
-    overhead_host = max(fixed_host or 0.0, host_ms - host_compute_ms)
-    slowdown = float(measured["host_core_flops_per_second"]) / core_flops_per_second(device)
-    overhead_ms = overhead_host * slowdown
+    fixed = _number(measured, "fixed_ms") or 0.0
+    per_op = _number(measured, "per_op_ms")
     ops = measured.get("ops")
     ops = int(ops) if isinstance(ops, int | float) and ops > 0 else None
-    per_op_host = (None if fixed_host is None or ops is None
-                   else max(0.0, overhead_host - fixed_host) / ops)
     runtime = measured.get("runtime")
-    cpu = device.cpu or device.name or "this device"
-    split = ""
-    if fixed_host is not None and per_op_host is not None and per_op_host > 0:
-        split = (f"; {_ms(fixed_host * slowdown)} per run + {ops} "
-                 f"{RUNTIME_OPS.get(str(runtime), 'ops')} × "
-                 f"{_ms(per_op_host * slowdown)}")
-    if host_ms - host_compute_ms >= (fixed_host or 0.0):
-        source = (f"{_ms(host_ms)} fastest run on this host (p50 {_ms(p50)}) minus its "
-                  f"{_ms(host_compute_ms)} compute")
+    noun = RUNTIME_OPS.get(str(runtime), "ops")
+    ceiling = None if per_op is None or ops is None else fixed + ops * per_op
+    excess = host_ms - host_compute_ms
+    overhead_host = max(fixed, excess)
+    capped = ceiling is not None and overhead_host > ceiling
+    if capped:
+        assert ceiling is not None
+        overhead_host = ceiling
+    slowdown = float(measured["host_core_flops_per_second"]) / core_flops_per_second(device)
+    overhead_ms = overhead_host * slowdown
+
+    probe = (f"{RUNTIME_NAMES.get(str(runtime), str(runtime or 'the runtime'))}: "
+             f"{format_ms(fixed)} per run"
+             + ("" if per_op is None else f" + {format_ms(per_op)} per op")
+             + ", probed on this host")
+    mine = (f"this file's {format_ms(host_ms)} fastest run (p50 {format_ms(p50)}) "
+            f"less its {format_ms(host_compute_ms)} compute at the probe's matmul rate")
+    mine += (f" leaves {format_ms(excess)}" if excess > 0 else " leaves nothing")
+    if capped:
+        assert ceiling is not None and ops is not None
+        why = (f", over the {format_ms(ceiling)} the runtime costs for its {ops} {noun}: "
+               "the rest is kernel time on this host's CPU (e.g. x86's slow classic 8-bit "
+               "kernels), which does not carry over to another CPU, so the overhead is "
+               "capped there")
+    elif excess < fixed:
+        why = (f", under the runtime's {format_ms(fixed)} per run (timing resolution, or "
+               "kernels faster than the probe's matmul): the overhead is that cost per run")
+    elif ceiling is None:
+        why = (": taken as measured (no per-op probe in this measurement, so it is not "
+               "capped at the runtime's own cost)")
     else:
-        source = (f"the runtime's {_ms(fixed_host or 0.0)} per run on this host: the file's "
-                  f"{_ms(host_ms)} fastest run is under its {_ms(host_compute_ms)} compute "
-                  "at the probe's matmul rate")
-    method = (f"{compute_text} + {_ms(overhead_ms)} runtime overhead ({source}, "
-              f"×{slowdown:.3g} for a {cpu}{split})")
+        assert ops is not None
+        why = (f", within the runtime's cost for its {ops} {noun} "
+               f"({format_ms(fixed)} to {format_ms(ceiling)}): taken as measured")
+    cpu = device.cpu or device.name or "this device"
+    method = (f"{compute_text} + {format_ms(overhead_ms)} runtime overhead "
+              f"({format_ms(overhead_host)} on this host ×{slowdown:.3g} for a {cpu}, one "
+              f"core against this host's; {probe}; {mine}{why})")
+    if cv is not None and cv > CV_WARN:
+        method += (f"; host timings spread (cv {cv:.2f}): rerun on a quiet machine for a "
+                   "firmer estimate")
     return Estimate(latency_ms=compute_ms + overhead_ms, method=method,
                     compute_ms=compute_ms, overhead_ms=overhead_ms, host_p50_ms=p50,
-                    host_fastest_ms=host_ms,
-                    device_slowdown=round(slowdown, 4),
-                    fixed_ms=None if fixed_host is None else fixed_host * slowdown,
-                    per_op_ms=None if per_op_host is None else per_op_host * slowdown,
-                    ops=ops, runtime=None if runtime is None else str(runtime))
-
-
-def _ms(value: float) -> str:
-    """3 significant digits; µs below 1 ms."""
-    if value >= 1.0:
-        return f"{value:.3g} ms"
-    if value >= 0.001:
-        return f"{value * 1000:.3g} µs"
-    return f"{value * 1000:.2g} µs"
+                    host_fastest_ms=host_ms, device_slowdown=round(slowdown, 4),
+                    fixed_ms=fixed * slowdown,
+                    per_op_ms=None if per_op is None else per_op * slowdown,
+                    ops=ops, runtime=None if runtime is None else str(runtime),
+                    ceiling_applied=capped, host_cv=None if cv is None else round(cv, 4))
 
 
 def _flops(value: float) -> str:

@@ -37,14 +37,18 @@ def describe() -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- speed probes
 # What the latency estimates calibrate on (orchestrator.estimates): this host's measured
-# float32 speed, and what its runtimes cost per run with (next to) no work. Each is measured
-# once per process: the figures do not change while a run lasts.
+# float32 speed, and what its runtimes cost per run and per op with (next to) no work.
+# Each is measured once per process: the figures do not change while a run lasts.
 
 PROBE_SIZE = 256  # matmul side: 34 MFLOP a run, under a ms: many runs fit between the
 # other processes of a busy host, so the fastest is clean (at 512, best-of-20 ranged 35-88
 # GFLOP/s on a loaded 2-core host; at 256, best-of-100 ranged 79-87)
 PROBE_RUNS = 100
-FIXED_RUNS = 200
+# The runtime's own cost: a one-op model against a chain of CHAIN_STEPS cheap steps, each
+# timed OVERHEAD_RUNS times, interleaved so that a busy spell slows both alike
+CHAIN_STEPS = 64
+OVERHEAD_RUNS = 300
+OVERHEAD_WIDTH = 8  # elements per tensor: real kernels, next to no arithmetic
 
 
 @lru_cache(maxsize=8)
@@ -78,56 +82,87 @@ def matmul_flops_per_second(threads: int) -> float:
     return 2.0 * n ** 3 / best
 
 
-@lru_cache(maxsize=2)
-def runtime_fixed_ms(runtime: str) -> float:
-    """The fastest of FIXED_RUNS runs of a one-op model (a ReLU of one number) in
-    `runtime`, timed as the benchmark stage times a run: a TF session's run with its feed
-    and fetch ("tensorflow"), LiteRT's Invoke() alone ("litert"). What a run costs before
-    any work; the fastest, as the estimates take each file's fastest run."""
+@lru_cache(maxsize=8)
+def runtime_costs(runtime: str, threads: int) -> tuple[float, float]:
+    """(fixed ms per run, ms per op) of `runtime` on this host, with `threads` threads:
+    the fastest of OVERHEAD_RUNS runs of a one-op model and of a chain of CHAIN_STEPS
+    cheap steps (an add of a constant in a TF session; a multiply and an add with ReLU in
+    LiteRT), timed as the benchmark stage times a file. Per op: the chain's extra time over
+    its extra ops; per run: the one-op model's time less its ops. Ops are counted as the
+    benchmark counts a file's: a session's graph nodes (Const included: the executor runs
+    them too), LiteRT's operators. The graphs run as built (grappler is off in the
+    benchmark's sessions, so no add is folded away)."""
     import time
 
+    one, one_ops = _overhead_model(runtime, threads, 1)
+    chain, chain_ops = _overhead_model(runtime, threads, CHAIN_STEPS)
+    for _ in range(20):  # warm up: allocation, thread pools
+        one()
+        chain()
+    best_one = best_chain = float("inf")
+    clock = time.perf_counter
+    for _ in range(OVERHEAD_RUNS):
+        start = clock()
+        one()
+        best_one = min(best_one, clock() - start)
+        start = clock()
+        chain()
+        best_chain = min(best_chain, clock() - start)
+    per_op = max(best_chain - best_one, 0.0) / max(chain_ops - one_ops, 1)
+    fixed = max(best_one - one_ops * per_op, 0.0)
+    return fixed * 1000.0, per_op * 1000.0
+
+
+def _overhead_model(runtime: str, threads: int, steps: int) -> tuple[Any, int]:
+    """(one run of the model, the ops it executes) for `runtime_costs`."""
     import numpy as np
     import tensorflow as tf
 
-    feed = np.ones((1, 1), np.float32)
+    shape = (1, OVERHEAD_WIDTH)
+    feed = np.ones(shape, np.float32)
+    constants = [np.full(shape, 1e-3 * (i + 1), np.float32) for i in range(steps)]
     if runtime == "litert":
-        from orchestrator.litert_model import interpreter
+        from orchestrator.litert_model import describe, interpreter
 
-        function = tf.function(tf.nn.relu, input_signature=[tf.TensorSpec((1, 1), tf.float32)])
+        def chain(x: Any) -> Any:
+            if steps == 1:
+                return x + constants[0]
+            y = x
+            for c in constants:  # the input in every step: nothing folds to a constant
+                y = tf.nn.relu(y + c * x)
+            return y
+
+        function = tf.function(chain, input_signature=[tf.TensorSpec(shape, tf.float32)])
         converter = tf.lite.TFLiteConverter.from_concrete_functions(
             [function.get_concrete_function()], function)
-        lite = interpreter(converter.convert(), num_threads=1)
+        data = converter.convert()
+        lite = interpreter(data, num_threads=threads)
         lite.set_tensor(lite.get_input_details()[0]["index"], feed)
-        step = lite.invoke
-    else:
-        graph = tf.Graph()
-        with graph.as_default():
-            x = tf.compat.v1.placeholder(tf.float32, (1, 1))
-            y = tf.nn.relu(x)
-        session = tf.compat.v1.Session(graph=graph, config=tf.compat.v1.ConfigProto(
-            intra_op_parallelism_threads=1, inter_op_parallelism_threads=1))
+        return lite.invoke, sum(describe(data).op_counts.values())
+    from orchestrator.runtime import session_config
 
-        def step() -> None:
-            session.run(y, {x: feed})
-    for _ in range(20):  # warm up
-        step()
-    times = []
-    for _ in range(FIXED_RUNS):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    if runtime != "litert":
-        session.close()
-    return min(times) * 1000.0
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, shape)
+        y = x
+        for c in constants:
+            y = tf.add(y, tf.constant(c))
+    session = tf.compat.v1.Session(graph=graph, config=session_config(threads))
+    feeds = {x: feed}
+
+    def step() -> None:
+        session.run(y, feeds)
+    return step, len(graph.get_operations())
 
 
 def speed(threads: int, runtime: str) -> dict[str, Any]:
-    """{flops_per_second, core_flops_per_second, fixed_ms, runtime, threads}: the host
-    figures a latency estimate calibrates on (see orchestrator.estimates)."""
+    """{flops_per_second, core_flops_per_second, fixed_ms, per_op_ms, runtime, threads}:
+    the host figures a latency estimate calibrates on (see orchestrator.estimates)."""
+    fixed_ms, per_op_ms = runtime_costs(runtime, threads)
     # a session with more threads can always do what one does: a probe that shared its
     # cores with other processes can measure less, never more
     return {"flops_per_second": round(max(matmul_flops_per_second(threads),
                                           matmul_flops_per_second(1))),
             "core_flops_per_second": round(matmul_flops_per_second(1)),
-            "fixed_ms": round(runtime_fixed_ms(runtime), 5), "runtime": runtime,
-            "threads": threads}
+            "fixed_ms": round(fixed_ms, 6), "per_op_ms": round(per_op_ms, 7),
+            "runtime": runtime, "threads": threads}
