@@ -279,8 +279,10 @@ def test_both_dashboards_show_the_run_by_name(chromium_executable: str, project:
     try:
         ui.wait_for_line("Ctrl-C")
         mlflow, prefect = ui.url("MLflow"), ui.url("Prefect")
+        # the runs table, in the key-metrics view the run saved on its experiment
         assert "/#/experiments/" in mlflow and mlflow.endswith(
-            "/runs?workflowType=machine_learning"), ui.lines
+            "/runs?workflowType=machine_learning&viewStateShareKey=orchestrator-key-metrics"
+        ), ui.lines
         assert prefect == f"{prefect_server.ui_url(shared['api_url'])}runs", ui.lines
         started = descendants(ui.process.pid)
         assert started, "no MLflow server below `orchestrator ui`"
