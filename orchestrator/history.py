@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
 CHART_FILE = "history.png"
+RECIPE_COMMIT_NOTE = ("recipe commit: the commit that last changed the recipe file, not the "
+                      "checkout's HEAD (-dirty: the file had uncommitted changes)")
 SELECTED_TAG = "selected."
 NO_VARIANT = "none"  # the tag's value when no variant met a target's budgets
 MAX_TICKS = 16  # run labels on the x axis; more runs label every k-th
@@ -204,7 +206,9 @@ def rows_of_run(run: Run, quality_metric: str, report: Mapping[str, Any] | None 
                  if key.startswith(SELECTED_TAG)}
     names = list(selection) or [t.strip() for t in params.get("targets", "").split(",")
                                 if t.strip()] or list(targets)
-    commit = params.get("recipe.git_commit") or tags.get("mlflow.source.git.commit")
+    # the recipe file's last commit (tracking logs it); never MLflow's source commit, which
+    # is the checkout's HEAD and would pass for the recipe's
+    commit = params.get("recipe.git_commit")
     status = run.info.status
     report = report or {}
     rows = []
@@ -307,7 +311,7 @@ def format_table(rows: Sequence[Row], recipe_name: str) -> str:
         if row.host is not None and row.host not in hosts:
             hosts[row.host] = len(hosts) + 1
     metric = rows[0].quality_metric if rows else "accuracy"
-    header = ["started (UTC)", "commit", "target", "selected", "size bytes", "MiB", metric,
+    header = ["started (UTC)", "recipe commit", "target", "selected", "size bytes", "MiB", metric,
               "p50 measured", "host", "est. device", "note"]
     body = _cells(rows, hosts)
     right = {4, 5, 6, 7, 9}
@@ -329,6 +333,8 @@ def format_table(rows: Sequence[Row], recipe_name: str) -> str:
                      + ", ".join(f"{t}: {d}" for t, d in devices.items()) + "), not measured")
     if any(row.size_bytes is not None for row in rows):
         lines.append(SIZE_UNIT_NOTE)
+    if any(row.git_commit for row in rows):
+        lines.append(RECIPE_COMMIT_NOTE)
     return "\n".join(lines)
 
 
@@ -348,7 +354,7 @@ def _runs_of(rows: Sequence[Row]) -> list[Row]:
 
 
 def _tick(row: Row) -> str:
-    """Start time, commit, and the run's number among re-runs of that commit (as MLflow
+    """Start time, recipe commit, and the run's number among re-runs of it (as MLflow
     names it: `digits-cnn@249b3fe #2`)."""
     stamp = row.start_time.replace("T", "\n").removesuffix("Z")
     number = row.run_name.rpartition(" #")[2] if " #" in row.run_name else ""
@@ -438,7 +444,8 @@ def chart_figure(rows: Sequence[Row], recipe_name: str) -> Any:
     ticks = list(range(0, len(runs), max(1, math.ceil(len(runs) / MAX_TICKS))))
     latency_ax.set_xticks(ticks, [_tick(runs[i]) for i in ticks], fontsize=7)
     latency_ax.set_xlim(-0.6, len(runs) - 0.4)
-    latency_ax.set_xlabel("run start, UTC (and the recipe's git commit), oldest to newest")
+    latency_ax.set_xlabel("run start, UTC, and @recipe commit (the commit that last changed "
+                          "the recipe file); oldest to newest")
     handles = [Line2D([], [], color=color[t], linewidth=2,
                       label=f"{t}" + (f" ({d})" if (d := _device_of(rows, t)) else ""))
                for t in targets]

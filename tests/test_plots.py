@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from orchestrator import plots
-from orchestrator.history import Row, chart_figure
+from orchestrator.history import Row, chart_figure, format_table
 
 FOUR_AT_ONE_DOT = {"int8": (278_900, 7.41), "mobile": (279_100, 5.75),
                    "litert_dynamic": (281_700, 0.0569), "litert_int8": (284_400, 0.0296)}
@@ -181,3 +181,14 @@ def test_history_legend_fits_and_latency_stays_above_zero() -> None:
     assert size_ax.get_ylim()[0] >= 0.0 and "MiB" in size_ax.get_ylabel()
     labels = [t.get_text() for t in latency_ax.get_yticklabels()]
     assert any(label.endswith(" µs") for label in labels), labels
+
+
+def test_history_names_the_commit_the_recipe_file_last_changed_in() -> None:
+    rows = _rows([0.0096, 0.0073])
+    table = format_table(rows, "digits-cnn").splitlines()
+    assert table[1].split()[:4] == ["started", "(UTC)", "recipe", "commit"]
+    assert ("recipe commit: the commit that last changed the recipe file, not the "
+            "checkout's HEAD (-dirty: the file had uncommitted changes)") in table
+    figure = chart_figure(rows, "digits-cnn")
+    assert "recipe commit (the commit that last changed the recipe file)" in (
+        figure.axes[2].get_xlabel())

@@ -140,7 +140,7 @@ def test_table_and_chart(tracked: dict, capsys: pytest.CaptureFixture[str]) -> N
     code, out, err = _history(capsys, str(tracked["recipe"]))
     assert code == 0, err
     lines = out.splitlines()
-    assert lines[1].split()[:4] == ["started", "(UTC)", "commit", "target"]
+    assert lines[1].split()[:5] == ["started", "(UTC)", "recipe", "commit", "target"]
     assert "p50 measured" in lines[1] and "MiB" in lines[1] and "accuracy" in lines[1]
     second = tracked["reports"][1]
     chosen = second["selected"]["phone"]
