@@ -75,6 +75,10 @@ def main(argv: list[str] | None = None) -> None:
     import keras
     import tensorflow as tf
 
+    # the same weights on every machine: seeds, deterministic kernels, and one thread (TF's
+    # reductions split by thread count, so 2 and 4 cores would train different models)
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
     keras.utils.set_random_seed(SEED)
     tf.config.experimental.enable_op_determinism()
     x_train, x_test, y_train, y_test = load_data()
