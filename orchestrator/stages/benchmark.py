@@ -14,11 +14,13 @@ data, else random data of the input's shape (unknown dimensions taken as 1).
   ...) are counted like their float twins: an 8-bit graph does the same arithmetic.
 - `est_latency_ms`: per target, an estimate, not a measurement: FLOPs / the device's
   FLOP/s x its precision factor (int8 when the graph has Quantized* ops), plus the
-  runtime's own cost (the fastest timed run minus its compute on this host, scaled by the
-  device's one-core speed against this host's). `estimate` says per target how it was
-  made, `estimate_basis` what it was calibrated on: this host's measured FLOP/s (a matmul
-  probe, all threads and one), the runtime's cost of a one-op model, and the ops a run
-  executes (graph nodes for a TF session, operators for LiteRT). See orchestrator.estimates.
+  runtime's own cost (the fastest timed run minus its compute on this host, kept between
+  the runtime's probed cost per run and per run + per op x ops, scaled by the device's
+  one-core speed against this host's). `estimate` says per target how it was made,
+  `estimate_basis` what it was calibrated on: this host's measured FLOP/s (a matmul
+  probe, all threads and one), the runtime's probed cost per run (`fixed_ms`) and per op
+  (`per_op_ms`), the ops a run executes (graph nodes for a TF session, operators for
+  LiteRT, as `inspect` counts them) and the timings' cv. See orchestrator.estimates.
 - `memory`: `load_ms`, `rss_growth_mb` and `anon_growth_mb` of a fresh process that reads
   the shipped file (decrypting it, mapping memmapped weights), loads it and runs it once:
   measured, see orchestrator.load_probe. RssAnon is the heap a phone's OS counts.
@@ -102,7 +104,7 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
                 continue
             times_ms = runs_ms
             runtime = "litert" if hasattr(runner, "invoke") else "tensorflow"
-            ops = _ops_executed(runner)
+            graph_nodes = None if runtime == "litert" else len(runner.graph.get_operations())
             if params.memory and hasattr(runner, "session"):
                 peak = _traced_peak_memory(runner, feeds)
             if params.profile_runs:
@@ -110,6 +112,7 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
 
     latency = latency_stats(times_ms[0], times_ms[params.warmup:])
     opened = unwrapped(given, ctx.model_key)
+    ops = graph_nodes if runtime == "tensorflow" else _operators(opened)
     flops: int | None
     if opened.kind == "tflite":  # no graph to profile: the graph it was converted from
         tflite = opened.metadata.get("tflite") or {}
@@ -143,7 +146,8 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
         host = speed(threads, runtime)
         info["estimate_basis"] = basis(latency["p50"], host["flops_per_second"],
                                        host["core_flops_per_second"], host["fixed_ms"], ops,
-                                       runtime, min_ms=latency["min"])
+                                       runtime, min_ms=latency["min"],
+                                       per_op_ms=host["per_op_ms"], cv=latency["cv"])
         estimates = {target: estimate(flops, device, precision, info["estimate_basis"])
                      for target, device in ctx.devices.items()}
         info["est_latency_ms"] = {target: round(e.latency_ms, 4)
@@ -179,14 +183,15 @@ def _fresh_process_memory(given: ModelArtifact, ctx: StageContext, warnings: lis
             "anon_growth_mb": answer["anon_growth_mb"]}
 
 
-def _ops_executed(runner: Any) -> int | None:
-    """Ops one run executes: LiteRT's operators, or the nodes of a session's graph."""
-    try:
-        if hasattr(runner, "invoke"):
-            return len(runner.interpreter._get_ops_details())  # no public count
-        return len(runner.graph.get_operations())
-    except (AttributeError, RuntimeError, ValueError):
+def _operators(opened: ModelArtifact) -> int | None:
+    """The operators one LiteRT run executes, as `inspect` counts them: the .tflite's
+    operators, each run once per Invoke (in its own kernel or inside a delegate's). A TF
+    session's count is its graph's nodes, Const included: the executor runs them too."""
+    from orchestrator.litert_model import describe
+
+    if opened.payload is None:
         return None
+    return sum(describe(opened.payload).op_counts.values())
 
 
 def _timed_runs(runner: Any, feeds: list[np.ndarray], count: int) -> list[float]:

@@ -108,6 +108,11 @@ def test_estimates_per_target_and_peak_memory() -> None:
     assert result.info["est_latency_ms"]["pi"] == pytest.approx(
         made["compute_ms"] + made["overhead_ms"], abs=1e-4)
     assert result.metrics["est_latency_ms.pi"] == result.info["est_latency_ms"]["pi"]
+    # the runtime's probed cost per run and per op bound the overhead, on the device
+    assert made["fixed_ms"] <= made["overhead_ms"] * (1 + 1e-6)
+    assert made["overhead_ms"] <= (made["fixed_ms"] + made["ops"] * made["per_op_ms"]) * (
+        1 + 1e-6)
+    assert isinstance(made["ceiling_applied"], bool) and made["host_cv"] >= 0
     weights, feed, output = K * N * 4, K * 4, N * 4
     assert result.info["peak_memory_bytes"] == weights + feed + output
     assert "peak_memory_bytes" not in run_benchmark(matmul_artifact(), warmup=0, runs=1,
