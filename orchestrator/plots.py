@@ -38,7 +38,9 @@ DPI = 110
 # linear one, a few slow runs (a cold cache, a busy core) squash the rest into one bar.
 LOG_SPREAD = 3.0
 MARKER_SIZE = 64  # scatter's s: points squared, so the marker is 8 pt across
-DODGE_PT = 9.0  # a cluster's markers are drawn this far apart (8 pt wide each)
+# a cluster's markers are drawn this far apart: less than their 8 pt, so that they overlap
+# like a fanned hand (each edge visible) and stay close to where their data are
+DODGE_PT = 5.0
 CLUSTER_PT = 10.0  # markers closer than this would hide each other: a cluster
 
 
@@ -342,8 +344,7 @@ def _place_points(figure: Any, ax: Any, points: Sequence[tuple[str, float, float
         sizes = sorted(points[i][1] for i in members)
         low, high = format_size(sizes[0] * MIB), format_size(sizes[-1] * MIB)
         span = low if low == high else f"{low.removesuffix(' MiB')}–{high}"
-        where = (f"{len(lines)} variants at {span}, drawn a few points apart, left to "
-                 "right:")
+        where = f"{len(lines)} variants at {span}\n(drawn a few points apart), left to right:"
         text = "\n".join(lines if len(lines) == 1 else [where, *lines])
         half = reach + radius / scale + 2.0  # clear of the outermost marker
         label = ax.annotate(text, (x, y), xytext=(half, 0), textcoords="offset points",

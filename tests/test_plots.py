@@ -97,7 +97,7 @@ def test_tradeoff_separates_variants_on_one_dot(accuracy: float) -> None:
         assert len(labels) == 2
         cluster = next(t.get_text() for t in labels if "left to right" in t.get_text())
         assert all(name in cluster for name in FOUR_AT_ONE_DOT)
-        assert cluster.startswith("4 variants at 0.266–0.271 MiB, drawn a few points apart")
+        assert cluster.startswith("4 variants at 0.266–0.271 MiB\n(drawn a few points apart)")
         assert not _boxes_overlap([plots.text_box(t, renderer) for t in labels])
         # accuracy is a fraction: the axis stays within [0, 1], padding inside only
         low, high = ax.get_ylim()
