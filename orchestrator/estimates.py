@@ -147,10 +147,12 @@ def estimate(flops: float | None, device: Device, precision: str = "float32",
     mine += (f" leaves {format_ms(excess)}" if excess > 0 else " leaves nothing")
     if capped:
         assert ceiling is not None and ops is not None
+        kernels = ("x86's classic 8-bit kernels are slow ones, ARM's NEON ones fast"
+                   if precision == "int8" and runtime == "tensorflow" else
+                   "its kernels short of the probe's matmul rate on these tensors")
         why = (f", over the {format_ms(ceiling)} the runtime costs for its {ops} {noun}: "
-               "the rest is kernel time on this host's CPU (e.g. x86's slow classic 8-bit "
-               "kernels), which does not carry over to another CPU, so the overhead is "
-               "capped there")
+               f"the rest is kernel time on this host's CPU ({kernels}), which does not "
+               "carry over to another CPU, so the overhead is capped there")
     elif excess < fixed:
         why = (f", under the runtime's {format_ms(fixed)} per run (timing resolution, or "
                "kernels faster than the probe's matmul): the overhead is that cost per run")

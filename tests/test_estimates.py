@@ -77,7 +77,9 @@ def test_the_same_graph_memory_mapped_or_not_gets_the_same_estimate_above_the_ce
     assert graphdef.overhead_ms == pytest.approx(ceiling * HOST_CORE / 9.6e9)
     assert graphdef.host_fastest_ms != mapped.host_fastest_ms  # each keeps its own timing
     assert "does not carry over to another CPU" in graphdef.method
-    assert "8-bit" in graphdef.method and "capped" in graphdef.method
+    assert "8-bit kernels" in graphdef.method and "capped" in graphdef.method
+    fp32 = estimate(FLOPS, PI3, "float32", measured(0.4, 40, min_ms=0.25))
+    assert fp32 is not None and fp32.ceiling_applied and "8-bit" not in fp32.method
     # just under the ceiling the file's own measurement counts, and is below the cap
     inside = estimate(FLOPS, PI3, "int8", measured(0.4, 40, min_ms=0.16))
     assert inside is not None and not inside.ceiling_applied
