@@ -346,17 +346,6 @@ def _trimmer(fixed: int | None, count: int):  # noqa: ANN202
 
 # --- reading the rows (no TensorFlow: the console and reports use these) ------------------
 
-def common_prefix(names: list[str]) -> str:
-    """The path prefix (whole `/` parts) all names share, e.g. "StatefulPartitionedCall/net/"."""
-    parts = [name.split("/")[:-1] for name in names]
-    shared: list[str] = []
-    for column in zip(*parts, strict=False) if parts else ():
-        if len(set(column)) != 1:
-            break
-        shared.append(column[0])
-    return "".join(part + "/" for part in shared)
-
-
 def worst_first(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows by rmse_over_scale, highest first (unknown values last)."""
     return sorted(rows, key=lambda r: (r["rmse_over_scale"] is None,
@@ -388,30 +377,3 @@ def table_tsv(rows: Sequence[dict[str, Any]]) -> str:
     lines = ["\t".join(FIELDS)]
     lines += ["\t".join(cell(row[f]) for f in FIELDS) for row in worst_first(rows)]
     return "\n".join(lines) + "\n"
-
-
-def console_lines(rows: Sequence[dict[str, Any]], columns: int = 80, count: int = 5
-                  ) -> list[str]:
-    """A header and the `count` worst layers as rich markup, fitting in `columns`;
-    flagged ones marked `!`. Long node names keep their tail (the layer and op)."""
-    from rich.markup import escape
-
-    width = max(20, columns - 50)  # what the other columns leave for the node name
-
-    def fit(text: str, size: int) -> str:
-        return text if len(text) <= size else "…" + text[1 - size:]
-
-    def number(value: float | None, fmt: str) -> str:
-        return "-" if value is None else format(value, fmt)
-
-    lines = [f"    [dim]  {'worst 8-bit layers':<{width}} {'op':<12} {'rmse/scale':>10} "
-             f"{'nmse':>9} {'clipped':>8}[/]"]
-    for row in worst_first(rows)[:count]:
-        mark = "[red]![/]" if (row["rmse_over_scale"] or 0.0) > FLAG_ABOVE else " "
-        clipped = row.get("clipped_share")  # LiteRT's debugger does not measure it
-        label = f"{fit(row['node'], width):<{width}} {fit(row['op'], 12):<12}"
-        lines.append(f"    {mark} {escape(label)} "
-                     f"{number(row['rmse_over_scale'], '.2f'):>10} "
-                     f"{number(row['nmse'], '.2e'):>9} "
-                     f"{'-' if clipped is None else format(100 * clipped, '.2f') + '%':>8}")
-    return lines
