@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import ModelSourceError, OrchestratorError, StageError, UsageError
+from orchestrator.formatting import SIZE_UNIT, SIZE_UNIT_NOTE, format_mib, format_ms, format_size
 from orchestrator.input_shapes import resolve_shapes, shape_text, with_input_shapes
 from orchestrator.model_files import OpenedModel, open_model
 
@@ -162,7 +163,7 @@ def _op_error(exc: Any) -> str:
 
 
 def _latency_line(threads: int, stats: Mapping[str, Any]) -> str:
-    values = " ".join(f"{key if key != 'mean' else 'avg'}={stats[key]:.3f}" for key in
+    values = " ".join(f"{key if key != 'mean' else 'avg'}={format_ms(stats[key])}" for key in
                       ("first", "curr", "min", "max", "mean", "std", "p50", "p90", "p99"))
     return f"  threads={threads}: count={stats['count']} {values}"
 
@@ -173,18 +174,32 @@ def _tsv_rows(data: bytes) -> tuple[list[str], list[dict[str, str]]]:
     return columns, [dict(zip(columns, line.split("\t"), strict=True)) for line in lines[1:]]
 
 
+# the profile's columns in ms and KB (as its .tsv files hold them), shown as every timing
+# and size the command prints: 3 significant digits, µs below 1 ms, sizes in MiB
+_MS_COLUMNS = {"start": "start", "first": "first", "avg ms": "avg"}
+_KB_COLUMN, _MIB_COLUMN = "mem KB", f"mem {SIZE_UNIT}"
+
+
+def _readable(columns: list[str], rows: list[dict[str, str]]
+              ) -> tuple[list[str], list[dict[str, str]]]:
+    """The profile table with its timings by format_ms and its memory in MiB."""
+    def cell(column: str, value: str) -> str:
+        if column in _MS_COLUMNS:
+            return format_ms(float(value))
+        if column == _KB_COLUMN:
+            return format_size(float(value) * 1024, unit=False)
+        return value
+
+    shown = [_MS_COLUMNS.get(c, _MIB_COLUMN if c == _KB_COLUMN else c) for c in columns]
+    return shown, [{new: cell(old, row[old]) for old, new in zip(columns, shown, strict=True)}
+                   for row in rows]
+
+
 def _human(count: float) -> str:
     for scale, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
         if count >= scale:
             return f"{count / scale:.2f} {prefix}"
     return f"{count:g}"
-
-
-def _binary(size: int) -> str:
-    for scale, unit in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
-        if size >= scale:
-            return f"{size / scale:.2f} {unit}"
-    return f"{size} B"
 
 
 def flops_text(flops: int | None, precision: str) -> str:
@@ -211,15 +226,16 @@ def format_report(opened: OpenedModel, artifact: ModelArtifact, params: Any,
              "Measured on this host: "
              f"{host['cpu']}, {host['cores']} cores, {host['machine']}, {host['system']}, "
              f"Python {host['python']}, TensorFlow {host['tensorflow']}",
-             f"Latency in ms, batch {info['batch_size']}, {params.warmup} warm-up + "
+             f"Latency, batch {info['batch_size']}, {params.warmup} warm-up + "
              f"{params.runs} timed runs per setting, inter-op threads 1 "
              "(first: the cold run; curr: the last):"]
     lines += [_latency_line(row["threads"], row["latency_ms"]) for row in info["threads_matrix"]]
     memory = info.get("memory")
     if memory:
         lines.append(f"Memory of a fresh process that loads the file and runs it once: load "
-                     f"{memory['load_ms']:.1f} ms, resident +{memory['rss_growth_mb']:.2f} "
-                     f"MiB, heap (RssAnon) +{memory['anon_growth_mb']:.2f} MiB")
+                     f"{format_ms(memory['load_ms'])}, resident "
+                     f"+{format_mib(memory['rss_growth_mb'])}, heap (RssAnon) "
+                     f"+{format_mib(memory['anon_growth_mb'])}")
     profile = info.get("profile")
     lines.append("")
     if profile is None:
@@ -229,23 +245,24 @@ def format_report(opened: OpenedModel, artifact: ModelArtifact, params: Any,
     else:
         lines.append(f"Per-node profile, measured over {profile['runs']} traced runs at "
                      f"threads={info['threads']} (not part of the timings above):")
-        columns, top = _tsv_rows(result.files[profiling.TOP_FILE])
+        columns, top = _readable(*_tsv_rows(result.files[profiling.TOP_FILE]))
         lines.append(profiling.text_table("Top by Computation Time", top, columns,
                                           limit=_TOP_ROWS))
         if len(top) > _TOP_ROWS:
             rest = sum(float(r["%"]) for r in top[_TOP_ROWS:])
             lines.append(f"... {len(top) - _TOP_ROWS} more nodes, {rest:.3f}% of the time")
-        columns, by_type = _tsv_rows(result.files[profiling.BY_TYPE_FILE])
+        columns, by_type = _readable(*_tsv_rows(result.files[profiling.BY_TYPE_FILE]))
         lines += ["", profiling.text_table("Summary by node type", by_type, columns)]
     lines += ["", "Estimated (computed from the graph, not measured):",
               flops_text(info.get("flops"), info["precision"])]
     peak = info.get("peak_memory_bytes")
     if peak is not None:
-        lines.append(f"  Peak memory: {peak:,} bytes ({_binary(peak)}): weights + "
-                     "inputs + the peak of live tensors, an upper estimate")
+        lines.append(f"  Peak memory: {format_size(peak)}: weights + inputs + the peak of "
+                     "live tensors, an upper estimate")
     elif artifact.kind == "tflite" or (opened.inner is not None
                                        and opened.inner.kind == "tflite"):
         lines.append("  Peak memory: not estimated for a .tflite (no traced run)")
+    lines += ["", f"Sizes in {SIZE_UNIT_NOTE}; timings in ms, or µs below 1 ms."]
     return "\n".join(lines)
 
 

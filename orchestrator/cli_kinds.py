@@ -47,8 +47,10 @@ def cmd_decrypt(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     atomic_write_bytes(args.output, plaintext)
-    print(f"decrypted {args.file} ({kind}, {len(plaintext)} bytes) to {args.output} with the "
-          f"key from {key.source} (key id {key.key_id})")
+    from orchestrator.formatting import format_size
+
+    print(f"decrypted {args.file} ({kind}, {format_size(len(plaintext))}) to {args.output} "
+          f"with the key from {key.source} (key id {key.key_id})")
     return 0
 
 
@@ -148,6 +150,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     opened = open_model(path, args.key_env, args.key_file, fmt=args.format,
                         format_flag="--format")
     inner = opened.inner if opened.inner is not None else opened.artifact
+    if inner.kind == "memmapped" and inner.payload is not None:
+        # the package as it ships (its ImmutableConst and regions), as for a plain .mmap:
+        # not the graph rebuilt from it to run
+        from orchestrator.memmap_format import read_package
+
+        return _inspect_package(path, read_package(inner.payload), opened.how, args.json,
+                                opened.artifact.kind)
     keys = (lambda _wanted: opened.key) if opened.key is not None else None
     summary, text, flops, precision = _describe(inner, keys)
     if args.json:
@@ -169,7 +178,13 @@ def _inspect_encrypted_header(path: Path, as_json: bool) -> int:
     found: dict[str, Any] = {"kind": "encrypted", "version": header.version,
                              "payload_kind": header.payload_kind,
                              "key_id": header.key_id, "bytes": len(data)}
-    _show(found, as_json)
+    if as_json:
+        _show(found, as_json)
+    else:
+        from orchestrator.formatting import format_size
+
+        _show({**{k: v for k, v in found.items() if k != "bytes"},
+               "size": format_size(len(data))}, as_json)
     if not as_json:
         print("(the model inside: give its key with --key-env VAR or --key-file FILE)")
     return 0
@@ -192,6 +207,14 @@ def inspect_file(path: Path, as_json: bool) -> int | None:
     except OrchestratorError as exc:
         print(f"error: {path}: {exc}", file=sys.stderr)
         return exc.exit_code
+    return _inspect_package(path, package, "memmapped package", as_json, "memmapped")
+
+
+def _inspect_package(path: Path, package: Any, how: str, as_json: bool, kind: str) -> int:
+    """A memmapped package (read from the file, or from inside an encrypted one) as it
+    ships: its regions, its ImmutableConst nodes and its graph as stored; parameters and
+    FLOPs of the graph rebuilt from it (what runs)."""
+    from orchestrator.formatting import format_size
     from orchestrator.graph_info import format_summary, summarize
     from orchestrator.memmap_format import rebuild
 
@@ -204,15 +227,17 @@ def inspect_file(path: Path, as_json: bool) -> int | None:
     graph = build_artifact(path, "graphdef", FrozenSignature(rebuilt), None, None)
     flops, precision = graph_flops(rebuilt, graph.inputs)
     if as_json:
-        print(json.dumps({"model": str(path), "how": "memmapped package", "kind": "memmapped",
+        print(json.dumps({"model": str(path), "how": how, "kind": kind,
+                          "inner_kind": "memmapped",
                           "regions": [r.__dict__ for r in package.regions],
                           "converted_nodes": converted, "summary": summary, "flops": flops,
                           "precision": precision}, indent=2, default=str))
         return 0
-    print(f"Model: {path} (memmapped package): {len(package.regions)} regions, "
+    print(f"Model: {path} ({how}): {len(package.regions)} regions, "
           f"{len(converted)} ImmutableConst nodes")
-    for region in package.regions:
-        print(f"  region {region.name}  offset {region.offset}  length {region.length}")
+    for region in package.regions:  # offsets are positions in the file: in bytes
+        print(f"  region {region.name}  offset {region.offset:,}  length "
+              f"{format_size(region.length)}")
     for item in converted:
         print(f"  {item['node']}: {item['dtype']}{item['shape']} -> {item['region']}")
     print(format_summary(summary))

@@ -106,11 +106,43 @@ def bench_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]
 
 
 LATENCY = re.compile(r"^  threads=(\d+): count=(\d+) (.*)$", re.MULTILINE)
+TIMING = re.compile(r"^(-?[\d,]+(?:\.\d+)?) (µs|ms)$")
+STAT = re.compile(r"(\w+)=(\S+ \S+)")
+
+
+def ms_of(text: str) -> float:
+    """A timing as formatting.format_ms prints it ("5.60 µs", "1.25 ms", "0 ms"), in ms:
+    3 significant digits (at least the digits of its rounding), µs below 1 ms."""
+    match = TIMING.match(text)
+    assert match, f"not a timing: {text!r}"
+    value = float(match.group(1).replace(",", ""))
+    if match.group(2) == "µs":
+        assert abs(value) < 1000, text
+        return value / 1000.0
+    assert value == 0 or abs(value) >= 1, f"{text}: below 1 ms is shown in µs"
+    return value
+
+
+def significant_digits(text: str) -> int:
+    digits = TIMING.match(text).group(1).replace(",", "").replace("-", "")  # type: ignore[union-attr]
+    return len(digits.replace(".", "").lstrip("0"))
 
 
 def latency_lines(text: str) -> list[tuple[int, int, dict[str, float]]]:
-    return [(int(t), int(c), {k: float(v) for k, v in (kv.split("=") for kv in rest.split())})
-            for t, c, rest in LATENCY.findall(text)]
+    found = []
+    for t, c, rest in LATENCY.findall(text):
+        stats = STAT.findall(rest)
+        assert " ".join(f"{k}={v}" for k, v in stats) == rest, rest
+        for _, value in stats:  # 3 significant digits, or an exact 0
+            assert significant_digits(value) in (0, 3) or value.count(",") > 0, value
+        found.append((int(t), int(c), {k: ms_of(v) for k, v in stats}))
+    return found
+
+
+def mib_of(text: str, label: str) -> float:
+    match = re.search(rf"{label}: ([\d.]+) MiB", text)
+    assert match, f"no {label} in MiB in:\n{text}"
+    return float(match.group(1))
 
 
 def table(text: str, title: str) -> tuple[list[str], list[list[str]]]:
@@ -166,24 +198,30 @@ def test_text_report_agrees_with_json(in_tmp: Path, models: dict[str, Path],
     assert "Memory of a fresh process" in measured and "load" in measured
     assert "FLOPs" not in measured and "Peak memory" not in measured
     assert number_after(estimated, "FLOPs") == info["flops"]
-    assert number_after(estimated, "Peak memory") == info["peak_memory_bytes"]
+    peak = info["peak_memory_bytes"] / 2**20  # MiB, 3 significant digits
+    assert mib_of(estimated, "Peak memory") == pytest.approx(peak, rel=5e-3)
+    assert "bytes" not in estimated.split("Sizes in")[0] and "KiB" not in text
+    assert re.search(r"load \S+ (µs|ms), resident \+[\d.]+ MiB, heap \(RssAnon\) "
+                     r"\+[\d.]+ MiB", measured), measured
 
     # "Summary by node type": the same op types and counts as --json, its % adding to 100
     columns, rows = table(text, "Summary by node type")
-    assert columns == ["node type", "count", "avg ms", "avg %", "cdf %", "mem KB"]
+    assert columns == ["node type", "count", "avg", "avg %", "cdf %", "mem MiB"]
+    for row in rows:
+        ms_of(row[2])  # a timing as format_ms prints it
     by_type = {r[0]: int(r[1]) for r in rows}
     assert by_type == {r["node type"]: r["count"] for r in info["profile"]["by_node_type"]}
     assert sum(float(r[3]) for r in rows) == pytest.approx(100.0, abs=0.05)
     assert float(rows[-1][4]) == pytest.approx(100.0, abs=0.01)
     # "Top by Computation Time": at most 10 nodes, slowest first, cdf% the running sum
     columns, top = table(text, "Top by Computation Time")
-    assert columns == ["node type", "start", "first", "avg ms", "%", "cdf%", "mem KB", "name"]
+    assert columns == ["node type", "start", "first", "avg", "%", "cdf%", "mem MiB", "name"]
     assert 0 < len(top) <= 10
     running = 0.0
     for row in top:
         running += float(row[4])
         assert float(row[5]) == pytest.approx(running, abs=0.01)
-    assert [float(r[3]) for r in top] == sorted((float(r[3]) for r in top), reverse=True)
+    assert [ms_of(r[3]) for r in top] == sorted((ms_of(r[3]) for r in top), reverse=True)
     assert {r[0] for r in top} <= set(by_type)
     nodes = sum(by_type.values())
     if nodes > len(top):  # the rest is summarized: the shares still add up to 100
@@ -191,6 +229,46 @@ def test_text_report_agrees_with_json(in_tmp: Path, models: dict[str, Path],
         assert rest and int(rest.group(1)) == nodes - len(top)
         assert running + float(rest.group(2)) == pytest.approx(100.0, abs=0.05)
     assert "Per-node profile, measured over 3 traced runs at threads=1" in text
+
+
+def test_every_printed_timing_and_size_is_the_measured_one_rounded(
+        in_tmp: Path, models: dict[str, Path]) -> None:
+    """One real benchmark of the frozen graph, printed by format_report: each timing, the
+    memory and the profile are its info's figures (what --json prints) in format_ms (3
+    significant digits, µs below 1 ms) and MiB, never in KB, KiB or bytes."""
+    from orchestrator.cli_benchmark import format_report, run_benchmark
+    from orchestrator.model_files import open_model
+    from orchestrator.stages import get_stage
+
+    path = models["model.pb"]
+    opened = open_model(path)
+    params = get_stage("benchmark").params(runs=RUNS, warmup=1, threads=[1], profile_runs=3)
+    result = run_benchmark(opened.artifact, params, None, path)
+    info, text = result.info, format_report(opened, opened.artifact, params, result)
+    (_, count, stats), = latency_lines(text)
+    row = info["threads_matrix"][0]["latency_ms"]
+    assert count == RUNS
+    for key, shown in stats.items():
+        assert shown == pytest.approx(row["mean" if key == "avg" else key], rel=5e-3,
+                                      abs=1e-9), key
+    memory = re.search(r"load (\S+ \S+), resident \+([\d.]+) MiB, heap \(RssAnon\) "
+                       r"\+([\d.]+) MiB", text)
+    assert memory, text
+    assert ms_of(memory.group(1)) == pytest.approx(info["memory"]["load_ms"], rel=5e-3)
+    assert float(memory.group(2)) == pytest.approx(info["memory"]["rss_growth_mb"], rel=5e-3)
+    assert float(memory.group(3)) == pytest.approx(info["memory"]["anon_growth_mb"],
+                                                   rel=5e-3, abs=1e-3)
+    assert mib_of(text, "Peak memory") == pytest.approx(info["peak_memory_bytes"] / 2**20,
+                                                        rel=5e-3)
+    _, rows = table(text, "Summary by node type")
+    by_type = {r["node type"]: r for r in info["profile"]["by_node_type"]}
+    for cells in rows:
+        assert ms_of(cells[2]) == pytest.approx(by_type[cells[0]]["avg ms"], rel=5e-3,
+                                                abs=1e-6)
+        assert float(cells[5]) == pytest.approx(by_type[cells[0]]["mem KB"] / 1024,
+                                                rel=5e-3, abs=1e-9)
+    assert "KB" not in text and "KiB" not in text and " bytes" not in text.split("Sizes in")[0]
+    assert text.splitlines()[-1].startswith("Sizes in MiB = 1,048,576 bytes")
 
 
 def test_input_shape_fixes_unknown_dimensions(in_tmp: Path, models: dict[str, Path],
@@ -545,3 +623,29 @@ def test_a_format_that_cannot_be_told_names_the_flag_there_is(
     # what the recipe's loader says of a .tflite: "... or set model.format"
     code, _, err = _inspect(capsys, str(in_tmp / "model.onnx"), "--format", "keras")
     assert code == 2 and "model.format" not in err
+
+
+def test_inspect_an_encrypted_package_describes_it_as_it_ships(
+        in_tmp: Path, models: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """An encrypted memmapped package: its graph as stored (ImmutableConst nodes, regions),
+    the same as `inspect` of the plain .mmap prints, not the graph rebuilt to run it."""
+    code, plain, err = _inspect(capsys, str(models["model.mmap"]), "--json")
+    assert code == 0, err
+    code, inside, err = _inspect(capsys, str(models["mmap.enc"]), "--key-env", KEY_ENV,
+                                 "--json")
+    assert code == 0, err
+    plain_found, found = json.loads(plain), json.loads(out := inside)
+    assert found["kind"] == "encrypted" and found["inner_kind"] == "memmapped", out
+    assert found["summary"]["op_counts"].get("ImmutableConst", 0) >= 1
+    for key in ("regions", "converted_nodes", "summary", "flops", "precision"):
+        assert found[key] == plain_found[key], key
+    code, text, err = _inspect(capsys, str(models["mmap.enc"]), "--key-env", KEY_ENV)
+    assert code == 0, err
+    first = text.splitlines()[0]
+    assert first.startswith(f"Model: {models['mmap.enc']} (encrypted memmapped package; ")
+    assert f"{len(found['regions'])} regions" in first
+    code, plain_text, _ = _inspect(capsys, str(models["model.mmap"]))
+    # everything after the first line is what the plain package shows
+    assert text.split("\n", 1)[1] == plain_text.split("\n", 1)[1]
+    assert re.search(r"\d+ ImmutableConst", text.split("Op types used: ")[1])
+    assert re.search(r"length [\d.]+ MiB", text), text
