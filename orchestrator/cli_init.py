@@ -9,7 +9,9 @@ commented-out targets with budgets and a commented data section.
 A recipe that runs at once: a stage that needs data the recipe does not have is written
 commented out, with a note saying which data it needs. With `--data FILE.npz`, the data
 section is filled in from the arrays that fit the model's input (and integer labels), and
-every stage is live. The written recipe is validated before it is kept (nothing is written
+every stage is live. The recipe is named after the -o file (else the model), a name no
+other recipe in its folder has: the name is its output folder and MLflow experiment. The
+written recipe is validated before it is kept (nothing is written
 when validation fails), an existing file is never overwritten, and the file appears whole
 or not at all.
 """
@@ -20,8 +22,10 @@ import argparse
 import math
 import os
 import re
+import sys
 import tempfile
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -71,13 +75,21 @@ def cmd_init(args: argparse.Namespace) -> int:
 
     model_path = Path(args.model)
     fmt = detect_format(model_path) if args.format == "auto" else args.format
-    name = args.name or recipe_name(model_path)
+    # the name is the recipe's output folder (out/<name>) and MLflow experiment: after the
+    # file the user asked for, else the model; never one another recipe beside it has
+    name = args.name or (clean_name(args.output.stem) if args.output is not None
+                         else None) or recipe_name(model_path)
     from orchestrator.limits import name_problem
 
     problem = name_problem(name)
     if problem:
         raise InitError(f"cannot name the recipe {name!r}: {problem}; give --name",
                         field="--name")
+    folder = args.output.parent if args.output is not None else Path(".")
+    taken = recipe_names(folder)
+    renamed = None
+    if name in taken and args.name is None:
+        renamed, name = (name, taken[name]), unique_name(name, taken)
     output = Path(args.output) if args.output is not None else Path(f"{name}.yaml")
     _refuse_existing(output)
     artifact = load_model(model_path, fmt)  # ModelSourceError (exit 2) names the model
@@ -98,6 +110,14 @@ def cmd_init(args: argparse.Namespace) -> int:
           f"{', litert_int8' if data else ''})")
     if new_schema:
         print(f"wrote {schema_file} (the recipe's JSON Schema, named on its first line)")
+    if renamed is not None:
+        print(f"named the recipe {name!r}: {_shown(renamed[1])} is already named "
+              f"{renamed[0]!r}, and a name is the recipe's output folder (out/{name}) and "
+              "MLflow experiment; give --name to choose another")
+    elif args.name is not None and name in taken:
+        print(f"warning: {_shown(taken[name])} is also named {name!r}: the two recipes "
+              f"would share out/{name} and an MLflow experiment; give another --name",
+              file=sys.stderr)
     if data is None:
         print("no data yet: the stages that need it (evaluate, log_ranges, freeze_ranges) and "
               "the litert_int8 pipeline are commented out; fill in the data section (or run "
@@ -167,6 +187,12 @@ def current_umask() -> int:
 # --------------------------------------------------------------------------- naming
 
 
+def clean_name(text: str) -> str:
+    """`text` as a recipe name: letters, digits, `_.-` (others become `-`), at most 64."""
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-_.")
+    return re.sub(r"\.{2,}", ".", cleaned)[:64].rstrip("-_.")
+
+
 def recipe_name(model: Path) -> str:
     """A recipe name from the model's path: its file or folder name, or its parent's when
     that name says nothing (saved_model, model.keras, a version number)."""
@@ -178,11 +204,51 @@ def recipe_name(model: Path) -> str:
         for suffix in (".keras", ".h5", ".hdf5", ".pbtxt", ".pb", ".meta", ".index", ".ckpt"):
             if stem.lower().endswith(suffix):
                 stem = stem[: -len(suffix)]
-        cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip("-_.")
-        cleaned = re.sub(r"\.{2,}", ".", cleaned)[:64].rstrip("-_.")
+        cleaned = clean_name(stem)
         if cleaned and cleaned.lower() not in _GENERIC_NAMES and not cleaned.isdigit():
             return cleaned
     return "model"
+
+
+def recipe_names(folder: Path) -> dict[str, Path]:
+    """The names of the recipes in `folder` (its .yaml/.yml files with a top-level `name`),
+    each with its file; files that are no recipe, or unreadable, are skipped."""
+    import yaml
+
+    names: dict[str, Path] = {}
+    try:
+        files = sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml"))
+    except OSError:
+        return names
+    for path in files:
+        try:
+            with path.open(encoding="utf-8") as handle:
+                raw = yaml.safe_load(handle.read(1 << 20))  # a recipe is small
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+        if isinstance(raw, dict) and isinstance(raw.get("name"), str) and "version" in raw:
+            names.setdefault(raw["name"], path)
+    return names
+
+
+def unique_name(name: str, taken: Mapping[str, object]) -> str:
+    """`name-2`, `name-3`...: the first that `taken` lacks (within the 64 characters)."""
+    number = 2
+    while True:
+        suffix = f"-{number}"
+        candidate = name[:64 - len(suffix)] + suffix
+        if candidate not in taken:
+            return candidate
+        number += 1
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the working directory when that is shorter."""
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:
+        return str(path)
+    return relative if len(relative) < len(str(path)) else str(path)
 
 
 # --------------------------------------------------------------------------- data
@@ -317,8 +383,11 @@ def _input_lines(artifact: ModelArtifact) -> tuple[list[str], list[str]]:
 
 
 def _size_budget_mb(artifact: ModelArtifact) -> tuple[float, float]:
-    """(float model size in MB, a size budget about a third of it, two digits)."""
-    size_mb = artifact.graph_def.ByteSize() / 1e6 if artifact.graph_def is not None else 1.0
+    """(float model size in MiB, a size budget about a third of it, two digits): MiB, the
+    unit of max_size_mb (orchestrator.budgets.MB) and of the report's table."""
+    from orchestrator.formatting import MIB
+
+    size_mb = artifact.graph_def.ByteSize() / MIB if artifact.graph_def is not None else 1.0
     budget = max(size_mb / 3, 0.01)
     digits = 1 - int(math.floor(math.log10(budget)))
     return size_mb, math.ceil(budget * 10 ** digits) / 10 ** digits
@@ -417,6 +486,8 @@ def _data_lines(recipe: Path, data: DataChoice | None, spec: TensorSpec) -> list
 
 def _target_lines(size_mb: float, budget_mb: float, has_labels: bool, has_data: bool,
                   presets: list[str]) -> list[str]:
+    from orchestrator.formatting import format_mib
+
     quality = ("max_accuracy_drop: 0.01, " if has_labels
                else "min_fidelity: 0.98, " if has_data else "")
     needs = "" if has_data else "  # with data.evaluation, add max_accuracy_drop: 0.01"
@@ -428,7 +499,8 @@ def _target_lines(size_mb: float, budget_mb: float, has_labels: bool, has_data: 
         f"# Devices: {', '.join(presets)}, or an inline spec",
         "# {name, flops_per_second, cores, ram_mb}. Latency is estimated from the model's "
         "FLOPs.",
-        f"# The float model is about {size_mb:.2g} MB; 8-bit is about a quarter of that.",
+        f"# The float model is about {format_mib(size_mb)}; 8-bit is about a quarter of "
+        "that.",
         "# targets:",
         "#   - name: phone",
         "#     device: phone-modern",
@@ -508,5 +580,7 @@ def add_parsers(sub: Any) -> None:
                       help="fill in the data section from this .npz (arrays that fit the "
                       "model's input; integer labels), so that every stage runs")
     init.add_argument("--name", default=None,
-                      help="the recipe's name (default: from the model's path)")
+                      help="the recipe's name, which names its output folder and MLflow "
+                      "experiment (default: the -o file's name, else from the model's path; "
+                      "made unique among the recipes in the recipe's folder)")
     init.set_defaults(fn=cmd_init)

@@ -67,7 +67,7 @@ def test_a_recipe_that_runs_at_once_without_data(project: Path,
     assert "# - evaluate                    # needs data.evaluation" in text
     assert "# - log_ranges: {samples: 200}  # needs data.representative" in text
     assert "  # litert_int8:" in text
-    assert "# targets:" in text and "#     budgets: {max_size_mb: 0.37," in text
+    assert "# targets:" in text and "#     budgets: {max_size_mb: 0.35," in text
     assert oct(recipe.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
     assert sorted(p.name for p in recipe.parent.iterdir()) == ["digits.yaml",
                                                                schema.SCHEMA_FILE]
@@ -109,7 +109,7 @@ def test_with_data_every_stage_is_live(project: Path) -> None:
             in text)
     assert ("evaluation: {source: models/digits/data.npz, inputs: x_test, labels: y_test}"
             in text)
-    assert "#     budgets: {max_size_mb: 0.37, max_accuracy_drop: 0.01," in text
+    assert "#     budgets: {max_size_mb: 0.35, max_accuracy_drop: 0.01," in text
     assert main(["validate", str(recipe)]) == 0
     assert stage_names(recipe) == {
         "fp32": ["freeze", "strip", "fold", "benchmark", "evaluate"],
@@ -154,7 +154,8 @@ def test_frozen_graph_and_checkpoint(tmp_path: Path) -> None:
         assert "inputs: [{name: x, dtype: float32, shape: [1, 3]}]" in text
         assert "outputs: [y]" in text and "keep only the real outputs" in text
         assert main(["validate", str(recipe)]) == 0
-    assert "name: tiny" in (tmp_path / "recipes" / "frozen_graph.yaml").read_text()
+    # named after the file asked for (-o), not the model
+    assert "name: frozen_graph" in (tmp_path / "recipes" / "frozen_graph.yaml").read_text()
 
 
 def test_never_overwrites(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -277,3 +278,61 @@ def test_a_recipe_that_does_not_validate_is_not_written(
     assert (f"error: {out}:6:14 [pipelines.fp32.stages.0]: the recipe init made does not "
             "validate, so it was not written: unknown stage 'freez'") in err
     assert not (project / "new").exists()
+
+
+def test_sizes_are_in_mib_as_the_budgets_and_the_table(project: Path) -> None:
+    """The comment above the budgets says the float model's size in MiB (the unit of
+    max_size_mb and of the report's table), as formatting.format_size prints it."""
+    from orchestrator.formatting import format_size
+    from orchestrator.sources import load_model
+
+    recipe = project / "recipes" / "digits.yaml"
+    assert main(["init", str(project / "models/digits/saved_model"), "-o", str(recipe)]) == 0
+    size = load_model(project / "models/digits/saved_model").graph_def.ByteSize()
+    text = recipe.read_text()
+    assert f"# The float model is about {format_size(size)}; 8-bit" in text
+    assert " MB" not in text and "MiB" in text
+    budget = float(re.search(r"max_size_mb: ([\d.]+),", text).group(1))  # type: ignore[union-attr]
+    assert size / 2**20 / 3 <= budget < size / 2**20 / 3 * 1.05  # a third, in MiB
+
+
+def test_the_name_comes_from_the_file_asked_for(project: Path,
+                                                monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """`init MODEL` and `init MODEL -o recipes/mine.yaml` name two recipes, not one `digits`
+    twice: they would share out/digits and an MLflow experiment."""
+    monkeypatch.chdir(project)
+    model = "models/digits/saved_model"
+    assert main(["init", model]) == 0
+    assert main(["init", model, "--data", "models/digits/data.npz", "-o",
+                 "recipes/mine.yaml"]) == 0
+    assert load_recipe(project / "digits.yaml").recipe.name == "digits"  # as before
+    assert load_recipe(project / "recipes" / "mine.yaml").recipe.name == "mine"
+    assert "named the recipe" not in capsys.readouterr().out
+
+
+def test_a_name_another_recipe_has_is_made_unique(project: Path,
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """recipes/ holds a recipe named `digits-cnn` (in demo.yaml): `init -o
+    recipes/digits-cnn.yaml` names the new one `digits-cnn-2`, and says so."""
+    monkeypatch.chdir(project)
+    model = "models/digits/saved_model"
+    assert main(["init", model, "-o", "recipes/demo.yaml", "--name", "digits-cnn"]) == 0
+    capsys.readouterr()
+    assert main(["init", model, "-o", "recipes/digits-cnn.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert load_recipe(project / "recipes" / "digits-cnn.yaml").recipe.name == "digits-cnn-2"
+    assert ("named the recipe 'digits-cnn-2': recipes/demo.yaml is already named "
+            "'digits-cnn'") in out
+    # a name given with --name is kept, with a warning
+    assert main(["init", model, "-o", "recipes/third.yaml", "--name", "digits-cnn"]) == 0
+    assert "recipes/demo.yaml is also named 'digits-cnn'" in capsys.readouterr().err
+    assert load_recipe(project / "recipes" / "third.yaml").recipe.name == "digits-cnn"
+    # without -o, the default file is named after the unique name
+    monkeypatch.chdir(project / "recipes")
+    (project / "recipes" / "digits.yaml").write_text(
+        (project / "recipes" / "demo.yaml").read_text().replace("name: digits-cnn",
+                                                                "name: digits"))
+    assert main(["init", str(project / model)]) == 0  # `digits` is taken here: digits-2
+    assert load_recipe(project / "recipes" / "digits-2.yaml").recipe.name == "digits-2"
