@@ -18,7 +18,7 @@ from orchestrator.errors import OrchestratorError
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from orchestrator import history, output_folder, project
+    from orchestrator import history, project
     from orchestrator.errors import OutputError
     from orchestrator.paths import writable_dir_problem
     from orchestrator.recipe import load_recipe
@@ -35,9 +35,11 @@ def cmd_history(args: argparse.Namespace) -> int:
         if problem:
             raise OutputError(f"cannot write to the output folder (-o): {problem}",
                               file=str(folder))
-        # not into another recipe's outputs (its runs would delete the chart anyway)
-        output_folder.check(folder, output_folder.owner_of(recipe.name, loaded.path),
-                            args.force)
+        # not into the store, MLflow's folder or the project, as `run`; nor into another
+        # recipe's outputs (its runs would delete the chart anyway)
+        project.check_output_owner(folder, recipe.name, loaded.path, root, args.force,
+                                   force_does="pass --force to write history.png there "
+                                   "(its other files stay)")
         evaluation = recipe.data.evaluation if recipe.data is not None else None
         metric = "accuracy" if evaluation is None or evaluation.labels else "fidelity"
         rows = history.history_rows(project.tracking_uri(root), recipe.name, args.recipe,

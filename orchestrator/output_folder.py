@@ -89,16 +89,53 @@ def _inside(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
 
+# what --force does where a folder holds another recipe's outputs: `run` replaces them
+REPLACES = "pass --force to replace its contents"
+
+
+@dataclass(frozen=True)
+class Protected:
+    """A path no output folder may hold (the recipe, the project, the store, MLflow's
+    folder), nor, when `within`, lie inside (a folder the orchestrator itself manages)."""
+
+    path: Path
+    what: str
+    within: bool = False
+
+
+def protected_paths(root: Path, recipe_path: Path | str) -> list[Protected]:
+    """What `run` and `history` never write into: the recipe, the project, and the store
+    and MLflow's local folder (nor any folder inside those two)."""
+    from orchestrator.project import STORE_ENV, local_tracking_folder, store_dir, tracking_uri
+
+    protected = [Protected(Path(recipe_path), "the recipe"), Protected(root, "the project")]
+    store = store_dir(root)
+    if isinstance(store, Path):
+        protected.append(Protected(store, f"the store ({STORE_ENV})", within=True))
+    tracking = local_tracking_folder(tracking_uri(root))
+    if tracking is not None:
+        protected.append(Protected(tracking, "MLflow's folder", within=True))
+    return protected
+
+
 def check(folder: Path, owner: Owner, force: bool,
-          protected: Sequence[tuple[Path, str]] = ()) -> None:
+          protected: Sequence[Protected | tuple[Path, str]] = (),
+          force_does: str = REPLACES) -> None:
     """Exit 2 (OutputError) when a run of `owner` must not replace `folder`'s contents:
     it holds one of `protected` (the recipe, the project, the store: never, even with
-    force), or another recipe's outputs or other files (unless `force`)."""
-    for path, what in protected:
-        if _inside(path, folder):
+    force) or lies inside one that is `within`, or it holds another recipe's outputs or
+    other files (unless `force`; `force_does` says what --force does for the command)."""
+    for item in protected:
+        item = item if isinstance(item, Protected) else Protected(*item)
+        if _inside(item.path, folder):
             raise OutputError(
-                f"cannot be the output folder: it holds {what} ({path}), and a run replaces "
-                "its output folder's contents whole; choose another folder with -o",
+                f"cannot be the output folder: it holds {item.what} ({item.path}), and a run "
+                "replaces its output folder's contents whole; choose another folder with -o",
+                file=str(folder))
+        if item.within and _inside(folder, item.path):
+            raise OutputError(
+                f"cannot be the output folder: it is inside {item.what} ({item.path}), "
+                "which the orchestrator manages; choose another folder with -o",
                 file=str(folder))
     try:
         if not folder.is_dir():
@@ -123,7 +160,7 @@ def check(folder: Path, owner: Owner, force: bool,
         return
     raise OutputError(f"this output folder holds {holds}, not of recipe {owner.shown()}, "
                       "and a folder holds one recipe's outputs: choose another with -o, or "
-                      "pass --force to replace its contents", file=str(folder))
+                      f"{force_does}", file=str(folder))
 
 
 def _same_recipe(found: Owner | _Unreadable | None, owner: Owner) -> bool:

@@ -142,3 +142,47 @@ def test_a_run_replaces_its_folder_whole(tmp_path: Path, run_env: dict[str, str]
     report = json.loads((out / "report.json").read_text())
     assert report["recipe"] == "theirs" and list(report["variants"]) == ["fp32"]
     assert output_is_whole_or_absent(out) == "whole"
+
+
+def test_the_store_mlflow_and_the_project_are_never_an_output_folder(
+        tmp_path: Path, load_env: dict[str, str]) -> None:
+    """`run -o` and `history -o` alike: not a folder inside the store or MLflow's folder
+    (the orchestrator manages those), nor the project or a folder holding the recipe, even
+    with --force; exit 2, one line, before anything is written."""
+    project = _project(tmp_path)
+    mine = write_yaml(project / "recipes" / "mine.yaml", small_recipe("mine"))
+    store = Path(load_env["ORCHESTRATOR_HOME"])
+    mlruns = tmp_path / "mlruns"
+    for path in (store, mlruns):
+        path.mkdir(exist_ok=True)
+    before = tree(tmp_path)
+    cases = [(store / "x", "inside the store"), (store, "holds the store"),
+             (mlruns / "runs", "inside MLflow's folder"), (project, "it holds the"),
+             (project / "recipes", "holds the recipe")]
+    for command in ("run", "history"):
+        for folder, says in cases:
+            done = cli_subprocess([command, mine, "-o", folder, "--force"], load_env,
+                                  tmp_path)
+            message = check_clean_error(done.code, done.err, folder,
+                                        "cannot be the output folder", says)
+            assert len(message.strip().splitlines()) == 1, message
+    assert tree(tmp_path) == before  # nothing made, not even the folder asked for
+
+
+def test_history_says_what_force_does_for_history(tmp_path: Path,
+                                                  load_env: dict[str, str]) -> None:
+    """Into a folder another recipe owns, `history` (which writes only history.png) says
+    --force writes history.png there, not that it replaces the folder's contents."""
+    project = _project(tmp_path)
+    mine = write_yaml(project / "recipes" / "mine.yaml", small_recipe("mine"))
+    out = tmp_path / "theirs-out"
+    out.mkdir()
+    (out / MARKER).write_text(json.dumps({"recipe": "theirs",
+                                          "recipe_path": "../project/recipes/theirs.yaml"}))
+    (out / "report.json").write_text("{}")
+    done = cli_subprocess(["history", mine, "-o", out], load_env, tmp_path)
+    message = check_clean_error(done.code, done.err, out, "'theirs'", "'mine'",
+                                "pass --force to write history.png there")
+    assert "replace its contents" not in message
+    done = cli_subprocess(["run", mine, "-o", out], load_env, tmp_path)  # run's own words
+    check_clean_error(done.code, done.err, out, "pass --force to replace its contents")
