@@ -104,17 +104,23 @@ class Protected:
 
 
 def protected_paths(root: Path, recipe_path: Path | str) -> list[Protected]:
-    """What `run` and `history` never write into: the recipe, the project, and the store
-    and MLflow's local folder (nor any folder inside those two)."""
+    """What `run` and `history` never write into: the recipe, the project, the store and
+    MLflow's local folder; nor inside the store, or inside MLflow's own folder (`mlruns/`,
+    or a file store; a sqlite file's folder may hold anything). A folder that holds the
+    project (ORCHESTRATOR_HOME=.) is no folder of ours: outputs may go inside it."""
     from orchestrator.project import STORE_ENV, local_tracking_folder, store_dir, tracking_uri
 
     protected = [Protected(Path(recipe_path), "the recipe"), Protected(root, "the project")]
     store = store_dir(root)
     if isinstance(store, Path):
-        protected.append(Protected(store, f"the store ({STORE_ENV})", within=True))
-    tracking = local_tracking_folder(tracking_uri(root))
+        protected.append(Protected(store, f"the store ({STORE_ENV})",
+                                   within=not _inside(root, store)))
+    uri = tracking_uri(root)
+    tracking = local_tracking_folder(uri)
     if tracking is not None:
-        protected.append(Protected(tracking, "MLflow's folder", within=True))
+        own = not os.environ.get("MLFLOW_TRACKING_URI") or not uri.startswith("sqlite:")
+        protected.append(Protected(tracking, "MLflow's folder",
+                                   within=own and not _inside(root, tracking)))
     return protected
 
 

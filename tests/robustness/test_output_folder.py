@@ -152,17 +152,19 @@ def test_the_store_mlflow_and_the_project_are_never_an_output_folder(
     project = _project(tmp_path)
     mine = write_yaml(project / "recipes" / "mine.yaml", small_recipe("mine"))
     store = Path(load_env["ORCHESTRATOR_HOME"])
-    mlruns = tmp_path / "mlruns"
-    for path in (store, mlruns):
-        path.mkdir(exist_ok=True)
+    store.mkdir()
     before = tree(tmp_path)
-    cases = [(store / "x", "inside the store"), (store, "holds the store"),
-             (mlruns / "runs", "inside MLflow's folder"), (project, "it holds the"),
-             (project / "recipes", "holds the recipe")]
+    # MLflow's own folder: the project's mlruns/ (MLFLOW_TRACKING_URI unset)
+    default = {k: v for k, v in load_env.items() if k != "MLFLOW_TRACKING_URI"}
+    cases = [(store / "x", "inside the store", load_env),
+             (store, "holds the store", load_env),
+             (project / "mlruns" / "x", "inside MLflow's folder", default),
+             (project / "mlruns", "holds MLflow's folder", default),
+             (project, "it holds the", load_env),
+             (project / "recipes", "holds the recipe", load_env)]
     for command in ("run", "history"):
-        for folder, says in cases:
-            done = cli_subprocess([command, mine, "-o", folder, "--force"], load_env,
-                                  tmp_path)
+        for folder, says, env in cases:
+            done = cli_subprocess([command, mine, "-o", folder, "--force"], env, tmp_path)
             message = check_clean_error(done.code, done.err, folder,
                                         "cannot be the output folder", says)
             assert len(message.strip().splitlines()) == 1, message
