@@ -61,8 +61,9 @@ class Estimate:
     """One target's estimate and how it was made (report.json's `estimate`)."""
 
     latency_ms: float
-    method: str
+    method: str  # every figure behind the estimate (the page's footnote)
     compute_ms: float
+    summary: str = ""  # the estimate's two terms in one short line (the console)
     overhead_ms: float | None = None
     host_p50_ms: float | None = None
     host_fastest_ms: float | None = None  # what the overhead is calibrated on
@@ -117,7 +118,8 @@ def estimate(flops: float | None, device: Device, precision: str = "float32",
         return Estimate(latency_ms=compute_ms, compute_ms=compute_ms,
                         method=f"{compute_text}; FLOPs only: no host measurement of this "
                                "file (add benchmark to the pipeline to count the runtime's "
-                               "own cost)")
+                               "own cost)",
+                        summary=f"{compute_text}; FLOPs only (no benchmark stage)")
     assert measured is not None
     p50 = float(measured["host_p50_ms"])
     host_ms = _number(measured, "host_min_ms")
@@ -172,7 +174,9 @@ def estimate(flops: float | None, device: Device, precision: str = "float32",
     if host_ms > 0 and p50 / host_ms > SPREAD_WARN:
         method += (f"; host timings spread (p50 {p50 / host_ms:.3g}× the fastest run): rerun "
                    "on a quiet machine for a firmer estimate")
-    return Estimate(latency_ms=compute_ms + overhead_ms, method=method,
+    summary = (f"{compute_text} + {format_ms(overhead_ms)} runtime overhead "
+               f"({format_ms(overhead_host)} on this host ×{slowdown:.3g} for a {cpu})")
+    return Estimate(latency_ms=compute_ms + overhead_ms, method=method, summary=summary,
                     compute_ms=compute_ms, overhead_ms=overhead_ms, host_p50_ms=p50,
                     host_fastest_ms=host_ms, device_slowdown=round(slowdown, 4),
                     fixed_ms=fixed * slowdown,

@@ -642,10 +642,11 @@ def print_summary(report: Mapping[str, Any], out_dir: Path, console: Any = None)
                          "meets its budgets[/]"), **prose)
         if target in ships:
             console.print(f"  {escape(ships[target])}", **prose)
-            method = ((variants[variant]["targets"][target].get("estimate") or {})
-                      .get("method"))
-            if method:
-                console.print(f"  its estimate: {escape(method)}", **prose)
+            made = variants[variant]["targets"][target].get("estimate") or {}
+            short = made.get("summary") or made.get("method")  # older reports: no summary
+            if short:
+                console.print(f"  its estimate: {escape(short)}; every figure: report.html",
+                              **prose)
         for name, why in (reasons.get(target) or {}).items():
             console.print(f"  {escape(name)}: {escape(why)}", **prose)
     for name, v in variants.items():

@@ -8,6 +8,7 @@ import pytest
 
 from orchestrator.devices import PRESETS, Device, core_flops_per_second, estimate_latency_ms
 from orchestrator.estimates import basis, estimate
+from orchestrator.formatting import format_ms
 
 PI3, PHONE = PRESETS["raspberry-pi-3"], PRESETS["phone-2016"]
 FLOPS = 1.2e6  # about the digits CNN
@@ -57,6 +58,11 @@ def test_within_the_band_the_file_own_measurement_decides() -> None:
                   "TF session: 80.0 µs per run + 2.00 µs per op, probed on this host"):
         assert words in made.method, (words, made.method)
     assert "spread" not in made.method
+    # the console's line: the two terms, each as the method says them, in one short line
+    assert made.summary == (f"{made.method.split(' + ')[0]} + {format_ms(made.overhead_ms)} "
+                            f"runtime overhead ({format_ms(fastest - host_compute)} on this "
+                            f"host ×{slowdown:.3g} for a Cortex-A53)"), made.summary
+    assert len(made.summary) < 140
     shown = made.to_json()
     assert set(shown) >= {"method", "compute_ms", "overhead_ms", "host_p50_ms",
                           "host_fastest_ms", "device_slowdown", "fixed_ms", "per_op_ms",
