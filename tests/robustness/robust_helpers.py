@@ -361,7 +361,8 @@ def is_per_run(key: str) -> bool:
 # Every timing quoted in text ("6.30 µs p50", "est. 2.13 ms") comes from this run's
 # measurements (estimates are calibrated on them), and so does whether a measurement
 # disagrees with the estimate by more than noise on a loaded machine.
-_MEASURED_IN_TEXT = re.compile(r"\d+(?:\.\d+)?(?= (?:ms|µs)\b)")
+# The unit goes too: one run's 997 µs is another's 1.01 ms.
+_MEASURED_IN_TEXT = re.compile(r"\d+(?:\.\d+)?(?: (?:ms|µs)\b|(?= vs ))")
 _DISAGREEMENT = re.compile(r"\. Measured on this host it is the faster one .*? disagree")
 
 
@@ -374,7 +375,7 @@ def comparable_report(report: Any, out_dir: Path | None = None) -> Any:
     if isinstance(report, list):
         return [comparable_report(v, out_dir) for v in report]
     if isinstance(report, str):
-        masked = _MEASURED_IN_TEXT.sub("<ms>", _DISAGREEMENT.sub("", report))
+        masked = _MEASURED_IN_TEXT.sub("<time>", _DISAGREEMENT.sub("", report))
         return masked.replace(str(out_dir), "<OUT>") if out_dir is not None else masked
     return report
 
