@@ -268,9 +268,9 @@ def _swap_in(folder: Path, built: Path) -> None:
 
 
 def discard(folder: Path, owner: Owner) -> None:
-    """After a failed run: none of the folder's outputs stay (its marker does, when the
-    folder is this recipe's). A folder of another recipe's (a forced run) loses what its
-    report.json lists, as before the marker."""
+    """After a failed run: none of the folder's outputs stay, nor its marker (a failed run
+    leaves nothing behind; an empty folder belongs to no recipe). A folder of another
+    recipe's (a forced run) loses what its report.json lists, as before the marker."""
     from orchestrator.report import discard_outputs
     from orchestrator.store import interrupts_deferred
 
@@ -287,5 +287,7 @@ def discard(folder: Path, owner: Owner) -> None:
             for name in sorted(_entries(folder), key=lambda name: name != "report.json"):
                 with contextlib.suppress(OSError):
                     os.rename(folder / name, old / name)
+            with contextlib.suppress(OSError):  # the marker last: the outputs went first
+                os.rename(folder / MARKER, old / MARKER)
     finally:
         shutil.rmtree(old, ignore_errors=True)

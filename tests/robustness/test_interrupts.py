@@ -221,6 +221,12 @@ def test_ctrl_c_while_the_command_exits(digits_example: Path, tmp_path: Path,
     finally:
         kill_group(process)
     err_text = (logs / "err").read_text(errors="replace")
-    assert code in (0, 130), err_text[-3000:]
-    quiet_interrupt(code, err_text, code == 130)
+    if code == -signal.SIGINT:
+        # the Ctrl-C came after the interpreter gave SIGINT back to the system (the last
+        # moments of its exit): the process ends by the signal, which a shell reports as
+        # exit 130 too, and says nothing
+        assert "Traceback" not in err_text and "Exception ignored" not in err_text, err_text
+    else:
+        assert code in (0, 130), err_text[-3000:]
+        quiet_interrupt(code, err_text, code == 130)
     assert wait_for(lambda: not load_probes(home), 20, 0.1), load_probes(home)

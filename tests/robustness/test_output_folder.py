@@ -188,3 +188,23 @@ def test_history_says_what_force_does_for_history(tmp_path: Path,
     assert "replace its contents" not in message
     done = cli_subprocess(["run", mine, "-o", out], load_env, tmp_path)  # run's own words
     check_clean_error(done.code, done.err, out, "pass --force to replace its contents")
+
+
+def test_a_failed_run_leaves_its_folder_empty(tmp_path: Path) -> None:
+    """After a failure (a server lost at the end of a run), none of the recipe's outputs
+    stay, nor the marker: the empty folder belongs to no recipe."""
+    from orchestrator.output_folder import discard, owner_of, read_owner, write_marker
+
+    recipe = tmp_path / "recipes" / "mine.yaml"
+    recipe.parent.mkdir()
+    recipe.write_text("name: mine\n")
+    out = tmp_path / "out"
+    (out / "fp32").mkdir(parents=True)
+    (out / "fp32" / "model.pb").write_bytes(b"graph")
+    (out / "report.json").write_text("{}")
+    owner = owner_of("mine", recipe)
+    write_marker(out, owner)
+    assert read_owner(out) == owner
+    discard(out, owner)
+    assert out.is_dir() and list(out.iterdir()) == []
+    assert read_owner(out) is None
