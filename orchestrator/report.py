@@ -9,11 +9,9 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import re
 import shutil
 import sys
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -309,55 +307,28 @@ def data_summary(plan: Plan) -> dict[str, Any]:
     return summary
 
 
-def write_outputs(out_dir: Path, plan: Plan, data: RunData,
+def write_outputs(built: Path, final: Path, plan: Plan, data: RunData,
                   outcomes: Mapping[str, NodeOutcome], report: Mapping[str, Any]) -> None:
-    """DIR/<pipeline>/ (the model file of its kind, signature.json, stage files) and
-    DIR/report.json.
-
-    Everything is built in a staging folder first; then a few renames, with Ctrl-C held,
-    swap the variant folders in and report.json last: the outputs appear whole or not at
-    all. A folder that cannot be written (full, read-only) is an OutputError naming it.
-    """
-    created = not out_dir.exists()
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=out_dir, prefix=".staging-"))
-    except OSError as exc:
-        raise OutputError(f"cannot write the outputs to {out_dir}: {describe_os_error(exc)}",
-                          file=str(out_dir)) from exc
+    """DIR/<pipeline>/ (the model file of its kind, signature.json, stage files),
+    DIR/report.json and the page, written into `built`: the empty folder that
+    output_folder.replacing swaps in whole as `final` (so the page links relative to
+    `final`). A folder that cannot be written (full, read-only) is an OutputError naming
+    `final`."""
     from orchestrator.report_page import report_files
 
-    # output_folder.replacing builds the outputs in DIR/.staging-*: the page's links are
-    # relative to DIR, where it ends up
-    final = out_dir.parent if out_dir.name.startswith(".staging-") else out_dir
     pictures, warnings = report_files(report, final)
     for warning in warnings:  # the run succeeded: its pictures are not worth failing it
         print(f"warning: {warning}", file=sys.stderr)
     report["page_files"] = sorted(pictures)  # type: ignore[index]
     try:
         for name in report["variants"]:
-            _write_variant(staging / name, name, plan, data, outcomes)
+            _write_variant(built / name, name, plan, data, outcomes)
         for name, content in pictures.items():
-            (staging / name).write_bytes(content)
-        (staging / "report.json").write_text(json.dumps(report, indent=2, default=_jsonable))
-        with interrupts_deferred():
-            for name in report["variants"]:
-                final = out_dir / name
-                if final.exists():
-                    os.rename(final, staging / f".old-{name}")
-                os.rename(staging / name, final)
-            for name in pictures:
-                os.replace(staging / name, out_dir / name)
-            os.rename(staging / "report.json", out_dir / "report.json")
+            (built / name).write_bytes(content)
+        (built / "report.json").write_text(json.dumps(report, indent=2, default=_jsonable))
     except OSError as exc:
-        shutil.rmtree(staging, ignore_errors=True)
-        if created:  # leave no empty folder behind either
-            with contextlib.suppress(OSError):
-                out_dir.rmdir()
-        raise OutputError(f"cannot write the outputs to {out_dir}: {describe_os_error(exc)}",
-                          file=str(out_dir)) from exc
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        raise OutputError(f"cannot write the outputs to {final}: {describe_os_error(exc)}",
+                          file=str(final)) from exc
 
 
 def discard_outputs(out_dir: Path) -> None:

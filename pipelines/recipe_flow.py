@@ -261,7 +261,7 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
                     logging.getLogger("orchestrator.guard").warning(
                         guarded.verdict, extra=NOT_ON_CONSOLE)
         with output_folder.replacing(out_dir, owner) as built:  # whole, or not at all
-            write_outputs(built, plan, session.data, outcomes, report)
+            write_outputs(built, out_dir, plan, session.data, outcomes, report)
         registry = tracker.finish(report, out_dir, loaded.path,
                                   register=loaded.recipe.register_candidate)
     except BaseException as exc:
