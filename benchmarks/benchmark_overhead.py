@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from int8_size import chains, data, run_chain  # noqa: E402
 
-from orchestrator.model import ModelArtifact  # noqa: E402
+from orchestrator.model.artifact import ModelArtifact  # noqa: E402
 from orchestrator.stages import StageContext, get_stage  # noqa: E402
 
 GOAL = 1.10
@@ -41,7 +41,7 @@ def bare_graph(artifact: ModelArtifact, x: np.ndarray, runs: int) -> list[float]
     """Per-run ms of a plain session.run loop."""
     import tensorflow as tf
 
-    from orchestrator.runtime import session_config
+    from orchestrator.measure.tf_runtime import session_config
 
     graph = tf.Graph()
     with graph.as_default():

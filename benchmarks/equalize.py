@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from orchestrator import runtime  # noqa: E402
-from orchestrator.model import ModelArtifact  # noqa: E402
+from orchestrator.measure import tf_runtime  # noqa: E402
+from orchestrator.model.artifact import ModelArtifact  # noqa: E402
 from orchestrator.stages import StageContext, get_stage  # noqa: E402
 
 DIGITS = ROOT / "examples" / "digits"
@@ -58,7 +58,7 @@ def apply(name: str, model: ModelArtifact, x: np.ndarray, float_model: ModelArti
 
 
 def fp32_of(path: Path) -> ModelArtifact:
-    from orchestrator.sources import load_model
+    from orchestrator.model.sources import load_model
 
     model = load_model(path)
     for name in ("freeze", "strip", "fold"):
@@ -91,11 +91,11 @@ def variants(fp32: ModelArtifact, x_calib: np.ndarray) -> list[tuple[str, ModelA
 
 def table(title: str, fp32: ModelArtifact, x_calib: np.ndarray, x_test: np.ndarray,
           y_test: np.ndarray) -> None:
-    reference = runtime.predict(fp32, x_test)
+    reference = tf_runtime.predict(fp32, x_test)
     print(f"\n{title}: {len(x_calib)} calibration samples, {len(x_test)} test samples")
     print(f"  {'variant':<34} {'acc':>7} {'agree':>7} {'rmse':>9} {'class-mean err':>14}  note")
     for name, model, note in variants(fp32, x_calib):
-        scores = runtime.predict(model, x_test)
+        scores = tf_runtime.predict(model, x_test)
         accuracy = float(np.mean(scores.argmax(1) == y_test))
         agree = float(np.mean(scores.argmax(1) == reference.argmax(1)))
         rmse = float(np.sqrt(np.mean((scores - reference) ** 2)))

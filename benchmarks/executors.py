@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.keys import encode_key, generate_key  # noqa: E402
+from orchestrator.model.keys import encode_key, generate_key  # noqa: E402
 
 KEY_ENV = "ORCHESTRATOR_MODEL_KEY"  # the digits recipe's encrypt stage reads its key here
 EXECUTION = "\nexecution: {executor: local, workers: 2, threads_per_worker: 1}\n"
@@ -133,10 +133,9 @@ def shared_server(work: Path, env: dict[str, str]) -> Iterator[None]:
     if "PREFECT_API_URL" in env:
         yield
         return
-    from orchestrator import prefect_server
-
-    os.environ[prefect_server.IDLE_ENV] = "0"  # this script's own: stopped at the end
-    server = prefect_server.attach_for_ui(work / "prefect")
+    from orchestrator.flow import local_server
+    os.environ[local_server.IDLE_ENV] = "0"  # this script's own: stopped at the end
+    server = local_server.attach_for_ui(work / "prefect")
     try:
         server.wait_ready()
         env["PREFECT_API_URL"] = server.api_url

@@ -34,9 +34,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator import runtime, tf_adapter  # noqa: E402,F401  (TF env defaults first)
-from orchestrator.graph_rewrite import copy_graph  # noqa: E402
-from orchestrator.model import ModelArtifact  # noqa: E402
+from orchestrator.measure import tf_runtime  # noqa: E402,F401  (TF env defaults first
+
+from orchestrator.model import tf_adapter
+from orchestrator.model.graph_rewrite import copy_graph  # noqa: E402
+from orchestrator.model.artifact import ModelArtifact  # noqa: E402
 from orchestrator.stages import StageContext, get_stage  # noqa: E402
 
 DIGITS = ROOT / "examples" / "digits"
@@ -60,8 +62,8 @@ def chains(recipe: Path, keep_names: bool
            ) -> tuple[ModelArtifact, list[tuple[str, Any]], list[tuple[str, Any]]]:
     """The recipe's source model (its declared inputs and outputs) and the transforms of its
     fp32 and int8 pipelines, as the recipe loads them."""
-    from orchestrator.recipe import load_recipe
-    from orchestrator.session import load_source
+    from orchestrator.recipe.loading import load_recipe
+    from orchestrator.engine.prepared_run import load_source
 
     loaded = load_recipe(recipe, ["pipelines.int8.keep_names=true"] if keep_names else [],
                          check_files=False)
@@ -164,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     # as shipped: TF's import_graph_def writes default attrs back into the GraphDef it runs
     shipped32, shipped8 = copy_graph(fp32.graph_def), copy_graph(int8.graph_def)
     x, y = d["x_test"], d["y_test"]
-    p32, p8 = runtime.predict(fp32, x), runtime.predict(int8, x)
+    p32, p8 = tf_runtime.predict(fp32, x), tf_runtime.predict(int8, x)
     acc32, acc8 = float(np.mean(p32.argmax(1) == y)), float(np.mean(p8.argmax(1) == y))
     agree = float(np.mean(p32.argmax(1) == p8.argmax(1)))
     floor = const_params(fp32)

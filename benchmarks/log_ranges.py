@@ -26,15 +26,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from int8_size import ROOT, apply, chains, data, run_chain  # noqa: E402
 
-from orchestrator import runtime  # noqa: E402
-from orchestrator.model import ModelArtifact  # noqa: E402
-from orchestrator.quantization import frozen_range, parse_range_log  # noqa: E402
+from orchestrator.measure import tf_runtime  # noqa: E402
+from orchestrator.model.artifact import ModelArtifact  # noqa: E402
+from orchestrator.quant.ranges import frozen_range, parse_range_log  # noqa: E402
 from orchestrator.stages import get_stage  # noqa: E402
 
 
 def plain(model: ModelArtifact, x: np.ndarray, batch_size: int) -> float:
     start = time.perf_counter()
-    with runtime.GraphRunner.for_artifact(model) as runner:
+    with tf_runtime.GraphRunner.for_artifact(model) as runner:
         for batch in runner.batches(x, batch_size):
             runner.run(batch)
     return time.perf_counter() - start

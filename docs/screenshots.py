@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("no Chromium: apt-get install chromium (or --chromium PATH)")
     from playwright.sync_api import sync_playwright
 
-    from orchestrator.ui import recipe_name
+    from orchestrator.cli.ui import recipe_name
 
     args.out.mkdir(parents=True, exist_ok=True)
     process, urls = start_ui(args.recipe)

@@ -14,7 +14,7 @@ def load_encrypted(path: str | _os.PathLike[str], key: bytes | str,
                    signature: str | _os.PathLike[str] | None = None) -> object:
     """Decrypt an encrypted model in memory into a runnable ModelArtifact, or the bytes of
     a .tflite for LiteRT's Interpreter(model_content=...) (see
-    orchestrator.encryption.load_encrypted); the plaintext never touches the disk."""
-    from orchestrator.encryption import load_encrypted as _load
+    orchestrator.model.encryption.load_encrypted); the plaintext never touches the disk."""
+    from orchestrator.model.encryption import load_encrypted as _load
 
     return _load(path, key, signature)

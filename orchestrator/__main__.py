@@ -1,3 +1,3 @@
-from orchestrator.cli import console_main
+from orchestrator.cli.main import console_main
 
 console_main()

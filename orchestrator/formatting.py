@@ -4,7 +4,7 @@ report page, `benchmark`, the gate and the history table.
 - Timings: 3 significant digits, in µs below 1 ms (LiteRT's 5 µs would be "0.005 ms", one
   significant digit; 0.299 ms reads as 299 µs), else in ms.
 - Sizes and RAM: MiB (1,048,576 bytes), the unit of the budget keys `max_size_mb` and
-  `max_ram_mb` (orchestrator.budgets.MB), 3 significant digits. One unit family
+  `max_ram_mb` (orchestrator.measure.budgets.MB), 3 significant digits. One unit family
   everywhere, stated once where a table is shown (SIZE_UNIT_NOTE).
 - Counts: thousands separated.
 - Layer names: the same short name everywhere (console, page, plots): the first name of a

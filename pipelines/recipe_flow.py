@@ -8,7 +8,7 @@
 flow. Its tasks receive a node (which names its store keys) and a RunRef, and return small
 results: a worker in any process that shares the store can run any of them.
 
-Cache keys are ours (orchestrator/plan.py), so Prefect's own caching is off everywhere.
+Cache keys are ours (orchestrator/engine/plan.py), so Prefect's own caching is off everywhere.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from orchestrator.prefect_setup import configure_prefect_defaults
+from orchestrator.flow.prefect_settings import configure_prefect_defaults
 
 configure_prefect_defaults()  # before Prefect reads its settings
 
@@ -28,10 +28,10 @@ from prefect import flow, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from orchestrator.errors import OrchestratorError  # noqa: E402
-from orchestrator.executor import NodeOutcome, execute_node  # noqa: E402
-from orchestrator.plan import Node  # noqa: E402
-from orchestrator.session import RunRef, close_session, open_session  # noqa: E402
-from orchestrator.tracking_common import redact  # noqa: E402
+from orchestrator.engine.node_run import NodeOutcome, execute_node  # noqa: E402
+from orchestrator.engine.plan import Node  # noqa: E402
+from orchestrator.engine.prepared_run import RunRef, close_session, open_session  # noqa: E402
+from orchestrator.tracking.common import redact  # noqa: E402
 
 log = logging.getLogger("orchestrator")
 
@@ -69,8 +69,8 @@ def flow_run_name() -> str:
     cannot be read (the flow then fails with the recipe's own error)."""
     from prefect.runtime import flow_run
 
-    from orchestrator.recipe import load_recipe
-    from orchestrator.run_names import run_name
+    from orchestrator.recipe.loading import load_recipe
+    from orchestrator.engine.run_names import run_name
 
     parameters = flow_run.parameters
     try:
@@ -83,8 +83,8 @@ def flow_run_name() -> str:
 @task(name="retrain", cache_policy=NO_CACHE, persist_result=False)
 def retrain_task(recipe: str, overrides: list[str], store: str) -> str:
     """The recipe's training function; the new model's path."""
-    from orchestrator.recipe import load_recipe
-    from orchestrator.retrain import retrain
+    from orchestrator.recipe.loading import load_recipe
+    from orchestrator.engine.retrain import retrain
 
     return str(retrain(load_recipe(recipe, overrides), Path(store)))
 
@@ -134,7 +134,7 @@ def _log_outcome(outcome: NodeOutcome) -> None:
 
 def _log_trial(pipeline: str, trial: dict[str, Any]) -> None:
     """A guard trial's line in the flow run's logs (the console has its own)."""
-    logging.getLogger("orchestrator.guard").info(
+    logging.getLogger("orchestrator.engine.guard").info(
         "%s: guard trial %s/%s: %s: %s; %s", pipeline, trial["trial"], trial["of"],
         trial["change"], trial["quality"],
         "meets budgets" if trial["meets_budgets"] else f"best so far {trial['best']}",
@@ -157,14 +157,15 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
     3 for a failing stage (outputs of the failed run removed). `output` defaults to
     out/<recipe name> under the recipe's project root; it is this recipe's folder, whose
     contents the run replaces whole (another recipe's only with `force`: output_folder)."""
-    from orchestrator import output_folder, project
-    from orchestrator.cli_common import check_variants
-    from orchestrator.execution import explain_failure
-    from orchestrator.guard import GuardResult, apply_guard, guarded_pipelines
-    from orchestrator.parallel import run_by_dependencies
-    from orchestrator.recipe import load_recipe
-    from orchestrator.report import build_report, write_outputs
-    from orchestrator.tracking_client import TrackingClient, TrackingError
+    from orchestrator.results import output_folder
+    from orchestrator.cache import project
+    from orchestrator.cli.common import check_variants
+    from orchestrator.flow.task_runners import explain_failure
+    from orchestrator.engine.guard import GuardResult, apply_guard, guarded_pipelines
+    from orchestrator.engine.scheduler import run_by_dependencies
+    from orchestrator.recipe.loading import load_recipe
+    from orchestrator.results.report import build_report, write_outputs
+    from orchestrator.tracking.client import TrackingClient, TrackingError
 
     overrides = list(overrides or [])
     loaded = load_recipe(recipe, overrides)
@@ -258,7 +259,7 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
                     report["variants"][name]["guard_verdict"] = guarded.verdict
                     report["variants"][name].setdefault("warnings", []).append(
                         guarded.verdict)
-                    logging.getLogger("orchestrator.guard").warning(
+                    logging.getLogger("orchestrator.engine.guard").warning(
                         guarded.verdict, extra=NOT_ON_CONSOLE)
         with output_folder.replacing(out_dir, owner) as built:  # whole, or not at all
             write_outputs(built, out_dir, plan, session.data, outcomes, report)
@@ -297,7 +298,7 @@ def _scratch_folder(store_root: Path | str, parallel: bool) -> str | None:
 
 def _remove_scratch(ref: RunRef | None) -> None:
     if ref is not None and ref.scratch is not None:
-        from orchestrator.store import open_store
+        from orchestrator.cache.store import open_store
 
         open_store(ref.scratch).remove_all()  # a folder, or the bucket's objects and mirror
 
@@ -315,13 +316,12 @@ def _recipe_task_runner(loaded: Any) -> Any | None:
     """For a run Prefect started, whose flow has the default runner: a started Dask task
     runner when the recipe's `execution:` block asks for one (as `run()` would pick), else
     None. An address nothing answers at is exit 2 before anything is written."""
-    from orchestrator import execution
-
-    chosen = execution.resolve(loaded)
+    from orchestrator.flow import task_runners
+    chosen = task_runners.resolve(loaded)
     if not chosen.parallel:
         return None
-    execution.check_address(chosen)
-    runner = execution.task_runner(chosen)
+    task_runners.check_address(chosen)
+    runner = task_runners.task_runner(chosen)
     runner.__enter__()
     return runner
 
@@ -374,7 +374,7 @@ def _link_mlflow_run(report: dict[str, Any], root: Path) -> None:
     outputs are written by now: a Prefect API that fails here costs the link only."""
     from prefect.artifacts import create_markdown_artifact
 
-    from orchestrator.cli_common import command_hint
+    from orchestrator.cli.common import command_hint
 
     selected = ", ".join(f"{t}: {v or 'none within budgets'}"
                          for t, v in report["selected"].items()) or "no targets"
@@ -410,16 +410,16 @@ def run(recipe: str, *, heartbeats: bool = True, executor: str | None = None,
     flow starts."""
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-    from orchestrator import execution
-    from orchestrator.recipe import load_recipe
+    from orchestrator.flow import task_runners
+    from orchestrator.recipe.loading import load_recipe
 
     try:
         loaded = load_recipe(recipe, list(parameters.get("overrides") or []))
     except OrchestratorError:
         loaded = None  # the flow reports it, as for any run
-    chosen = execution.resolve(loaded, executor, dask_address)
-    execution.check_address(chosen)
-    runner = execution.task_runner(chosen)
+    chosen = task_runners.resolve(loaded, executor, dask_address)
+    task_runners.check_address(chosen)
+    runner = task_runners.task_runner(chosen)
     the_flow = recipe_flow if runner is None else recipe_flow.with_options(task_runner=runner)
 
     # A failing stage is reported once, by the CLI, naming pipeline and stage; Prefect's run

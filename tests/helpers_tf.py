@@ -11,16 +11,16 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator import runtime
-from orchestrator.model import ModelArtifact
+from orchestrator.measure import tf_runtime
+from orchestrator.model.artifact import ModelArtifact
 
 W = np.linspace(-1.0, 1.0, 6, dtype=np.float32).reshape(3, 2)
 B = np.array([0.1, -0.2], np.float32)
 
 
 def run(artifact: ModelArtifact, *inputs: np.ndarray) -> list[np.ndarray]:
-    """All of the artifact's outputs on `inputs`, through orchestrator.runtime."""
-    with runtime.GraphRunner.for_artifact(artifact) as runner:
+    """All of the artifact's outputs on `inputs`, through orchestrator.measure.tf_runtime."""
+    with tf_runtime.GraphRunner.for_artifact(artifact) as runner:
         return runner.run(*inputs)
 
 

@@ -1,5 +1,5 @@
 """Reads a store's entries straight from the bucket with boto3, independently of
-orchestrator.object_store: the layout contract (cache/<key[:2]>/<key>/manifest.json naming
+orchestrator.cache.object_store: the layout contract (cache/<key[:2]>/<key>/manifest.json naming
 its payload folder) and each entry's check against its manifest."""
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from orchestrator.budgets import (
+from orchestrator.measure.budgets import (
     MB,
     Violation,
     broken_kinds,
@@ -17,7 +17,7 @@ from orchestrator.budgets import (
     quality_shortfall,
     quality_violations,
 )
-from orchestrator.recipe_models import Budgets
+from orchestrator.recipe.models import Budgets
 
 # evaluate's metrics of a model with a class head `kind` and two sigmoid heads
 METRICS = {"accuracy": 0.95, "accuracy_drop": 0.004, "fidelity": 0.99,
@@ -160,7 +160,7 @@ def test_budgets_model() -> None:
 
 
 def test_per_output_budgets_as_the_runs_params_show_them() -> None:
-    from orchestrator.tracking_client import _budgets
+    from orchestrator.tracking.client import _budgets
 
     budgets = Budgets(max_size_mb=1, outputs={"onset": {"min_sqnr_db": 25}})
     assert _budgets(budgets) == "max_size_mb=1, outputs.onset.min_sqnr_db=25"

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from orchestrator import cli
+from orchestrator.cli import main as cli
 from orchestrator.errors import DataError, StageError
 
 
@@ -148,7 +148,7 @@ def test_validate_without_added_stages_says_none(tmp_path: object) -> None:
     """A recipe that gets no default stage: the plain count, singular where it is one."""
     from pathlib import Path
 
-    from orchestrator.recipe import load_recipe
+    from orchestrator.recipe.loading import load_recipe
 
     folder = Path(str(tmp_path))
     recipe = folder / "r.yaml"

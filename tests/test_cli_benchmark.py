@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 
 RUNS = 4
 KEY_ENV = "BENCH_TEST_KEY"
@@ -49,9 +49,9 @@ _MAKE = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Every kind of model file of one CNN, plus a key file and an unrelated key."""
-    from orchestrator.encryption import encrypt
-    from orchestrator.keys import encode_key, generate_key, write_key_file
-    from orchestrator.sources import load_model
+    from orchestrator.model.encryption import encrypt
+    from orchestrator.model.keys import encode_key, generate_key, write_key_file
+    from orchestrator.model.sources import load_model
     from orchestrator.stages import get_stage
     from orchestrator.stages.base import StageContext
 
@@ -236,8 +236,8 @@ def test_every_printed_timing_and_size_is_the_measured_one_rounded(
     """One real benchmark of the frozen graph, printed by format_report: each timing, the
     memory and the profile are its info's figures (what --json prints) in format_ms (3
     significant digits, µs below 1 ms) and MiB, never in KB, KiB or bytes."""
-    from orchestrator.cli_benchmark import format_report, run_benchmark
-    from orchestrator.model_files import open_model
+    from orchestrator.cli.benchmark import format_report, run_benchmark
+    from orchestrator.model.files import open_model
     from orchestrator.stages import get_stage
 
     path = models["model.pb"]
@@ -362,7 +362,7 @@ def test_key_file_opens_an_encrypted_model(in_tmp: Path, models: dict[str, Path]
 
 
 def test_help_defaults_are_the_stages() -> None:
-    from orchestrator.cli import build_parser
+    from orchestrator.cli.main import build_parser
     from orchestrator.stages.benchmark import Params
 
     sub = next(a for a in build_parser()._actions if a.dest == "command")
@@ -372,7 +372,7 @@ def test_help_defaults_are_the_stages() -> None:
 
 
 def test_parse_input_shapes() -> None:
-    from orchestrator.cli_benchmark import parse_input_shapes, parse_threads
+    from orchestrator.cli.benchmark import parse_input_shapes, parse_threads
 
     assert parse_input_shapes(["a:1,3,b:2,5,5", "c:4"]) == {"a": (1, 3), "b": (2, 5, 5),
                                                             "c": (4,)}

@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator import schema
-from orchestrator.cli import main
-from orchestrator.cli_init import choose_data, recipe_name
+from orchestrator.recipe import schema
+from orchestrator.cli.main import main
+from orchestrator.cli.init import choose_data, recipe_name
 from orchestrator.errors import DataError
-from orchestrator.model import TensorSpec
-from orchestrator.recipe import load_recipe
+from orchestrator.model.artifact import TensorSpec
+from orchestrator.recipe.loading import load_recipe
 
 # A line a user uncomments: `# ` before YAML content (a key or a list item), as an editor's
 # "toggle comment" removes it. Prose comments start otherwise (a capital, a backtick...).
@@ -46,7 +46,7 @@ def test_a_recipe_that_runs_at_once_without_data(project: Path,
     recipe = project / "recipes" / "digits.yaml"
     assert main(["init", str(project / "models/digits/saved_model"), "-o", str(recipe)]) == 0
     out = capsys.readouterr().out
-    from orchestrator.cli_common import command_hint
+    from orchestrator.cli.common import command_hint
 
     # the hint names the command to paste (`orchestrator`, or its path when not on PATH)
     assert f"wrote {recipe}" in out and f"next: {command_hint('validate', recipe)}" in out
@@ -267,7 +267,7 @@ def test_a_recipe_that_does_not_validate_is_not_written(
         ) -> None:
     """init checks its own output with the loader first: nothing is kept when that fails,
     not even the folders made for it, and the message names the file asked for."""
-    import orchestrator.cli_init as cli_init
+    import orchestrator.cli.init as cli_init
 
     monkeypatch.setattr(cli_init, "recipe_text", lambda *args, **kwargs: (
         "version: 1\nname: x\nmodel: {path: ../../models/digits/saved_model}\n"
@@ -284,7 +284,7 @@ def test_sizes_are_in_mib_as_the_budgets_and_the_table(project: Path) -> None:
     """The comment above the budgets says the float model's size in MiB (the unit of
     max_size_mb and of the report's table), as formatting.format_size prints it."""
     from orchestrator.formatting import format_size
-    from orchestrator.sources import load_model
+    from orchestrator.model.sources import load_model
 
     recipe = project / "recipes" / "digits.yaml"
     assert main(["init", str(project / "models/digits/saved_model"), "-o", str(recipe)]) == 0

@@ -8,8 +8,8 @@ from typing import Annotated, Literal
 import pytest
 from pydantic import Field
 
-from orchestrator.cli import main
-from orchestrator.cli_stages import summary_and_rest, type_text
+from orchestrator.cli.main import main
+from orchestrator.cli.stages import summary_and_rest, type_text
 from orchestrator.stages import all_stages
 from orchestrator.stages.base import StageParams
 

@@ -23,8 +23,8 @@ from orchestrator.data import (
     representative_batches,
 )
 from orchestrator.errors import DataError
-from orchestrator.model import TensorSpec
-from orchestrator.recipe_models import DataSource
+from orchestrator.model.artifact import TensorSpec
+from orchestrator.recipe.models import DataSource
 
 SPEC = TensorSpec("image", "float32", (None, 4, 4, 1))
 
@@ -238,8 +238,8 @@ def test_string_npz_is_a_data_error_when_loaded(strings_npz: Path) -> None:
 def test_string_npz_recipe_exits_2_at_the_field(tmp_path: Path, strings_npz: Path,
                                                 digits_example: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    from orchestrator.cli import main
-    from orchestrator.recipe import load_recipe
+    from orchestrator.cli.main import main
+    from orchestrator.recipe.loading import load_recipe
 
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(f"""version: 1

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import execution
+from orchestrator.flow import task_runners
 from orchestrator.errors import RecipeError
-from orchestrator.recipe import load_recipe
+from orchestrator.recipe.loading import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,25 +25,25 @@ def recipe_with(tmp_path: Path, block: str | None) -> Path:
 
 def test_local_by_default(tmp_path: Path) -> None:
     loaded = load_recipe(recipe_with(tmp_path, None))
-    assert execution.resolve(loaded) == execution.Execution()
-    assert execution.task_runner(execution.resolve(loaded)) is None
+    assert task_runners.resolve(loaded) == task_runners.Execution()
+    assert task_runners.task_runner(task_runners.resolve(loaded)) is None
 
 
 def test_recipe_block_and_command_line_on_top(tmp_path: Path) -> None:
     loaded = load_recipe(recipe_with(tmp_path, "{executor: dask, workers: 3}"))
-    chosen = execution.resolve(loaded)
+    chosen = task_runners.resolve(loaded)
     assert (chosen.executor, chosen.workers, chosen.threads_per_worker) == ("dask", 3, 1)
-    assert execution.resolve(loaded, "local") == execution.Execution()  # the CLI wins
-    by_address = execution.resolve(loaded, None, "tcp://127.0.0.1:8786")
+    assert task_runners.resolve(loaded, "local") == task_runners.Execution()  # the CLI wins
+    by_address = task_runners.resolve(loaded, None, "tcp://127.0.0.1:8786")
     assert (by_address.executor, by_address.address, by_address.workers) == (
         "dask", "tcp://127.0.0.1:8786", None)
-    runner = execution.task_runner(chosen)
+    runner = task_runners.task_runner(chosen)
     assert type(runner).__name__ == "DaskTaskRunner"
     assert runner.cluster_kwargs["n_workers"] == 3
     assert runner.cluster_kwargs["processes"] is True
-    assert runner.cluster_kwargs["preload"] == ["orchestrator.dask_worker"]
+    assert runner.cluster_kwargs["preload"] == ["orchestrator.flow.dask_preload"]
     threads = load_recipe(recipe_with(tmp_path, "{executor: dask, processes: false}"))
-    kwargs = execution.task_runner(execution.resolve(threads)).cluster_kwargs
+    kwargs = task_runners.task_runner(task_runners.resolve(threads)).cluster_kwargs
     assert kwargs["processes"] is False and "preload" not in kwargs
 
 
@@ -61,9 +61,9 @@ def test_address_or_workers_not_both(tmp_path: Path) -> None:
 def test_address_from_the_recipe_is_named_with_its_file(tmp_path: Path) -> None:
     loaded = load_recipe(recipe_with(tmp_path, "{executor: dask, address: "
                                                "'tcp://127.0.0.1:1'}"))
-    with pytest.raises(execution.ExecutionError) as caught:
-        execution.check_address(execution.resolve(loaded))
-    assert "recipe.yaml: execution.address tcp://127.0.0.1:1: no Dask scheduler" in str(
+    with pytest.raises(task_runners.ExecutionError) as caught:
+        task_runners.check_address(task_runners.resolve(loaded))
+    assert "recipe.yaml: task_runners.address tcp://127.0.0.1:1: no Dask scheduler" in str(
         caught.value)
     assert caught.value.exit_code == 2
 
@@ -73,10 +73,10 @@ def test_address_checked_for_real(tmp_path: Path) -> None:
         listening.bind(("127.0.0.1", 0))
         listening.listen()
         port = listening.getsockname()[1]
-        execution.check_address(execution.resolve(None, "dask", f"tcp://127.0.0.1:{port}"))
+        task_runners.check_address(task_runners.resolve(None, "dask", f"tcp://127.0.0.1:{port}"))
     for bad in ("tcp://127.0.0.1", "http://127.0.0.1:8786", "tcp://:99"):
-        with pytest.raises(execution.ExecutionError, match="expected a Dask scheduler"):
-            execution.check_address(execution.resolve(None, "dask", bad))
+        with pytest.raises(task_runners.ExecutionError, match="expected a Dask scheduler"):
+            task_runners.check_address(task_runners.resolve(None, "dask", bad))
 
 
 def test_a_dead_worker_is_the_stage_error() -> None:
@@ -93,8 +93,8 @@ def test_a_dead_worker_is_the_stage_error() -> None:
         address = "tcp://127.0.0.1:40000"
 
     died = KilledWorker("run_stage-1234", Worker(), 3)  # type: ignore[arg-type]
-    error = execution.explain_failure(Node(), died)  # type: ignore[arg-type]
+    error = task_runners.explain_failure(Node(), died)  # type: ignore[arg-type]
     assert isinstance(error, StageError) and error.exit_code == 3
     assert str(error).startswith("stage int8/log_ranges failed: the Dask worker")
     other = ValueError("a bug")
-    assert execution.explain_failure(Node(), other) is other  # type: ignore[arg-type]
+    assert task_runners.explain_failure(Node(), other) is other  # type: ignore[arg-type]

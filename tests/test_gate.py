@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 from orchestrator.errors import OrchestratorError
-from orchestrator.gate import Limits, check_report, compare, parse_registry_ref, to_markdown
+from orchestrator.results.gate import Limits, check_report, compare, parse_registry_ref, to_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 

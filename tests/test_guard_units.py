@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
-from orchestrator.guard import Layer, layers_of, rank_layers
+from orchestrator.engine.guard import Layer, layers_of, rank_layers
 
 
 def graph(*nodes: tuple[str, str, list[str]]) -> graph_pb2.GraphDef:

@@ -1,4 +1,4 @@
-"""Biases added in the conv/matmul's int32 accumulator (orchestrator.integer_bias), and
+"""Biases added in the conv/matmul's int32 accumulator (orchestrator.quant.integer_bias), and
 why: TF's QuantizedBiasAdd shifts a whole layer by a range-dependent offset."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ sys.path.insert(0, str(Path(__file__).parent / "stages"))  # the 8-bit stage fix
 from helpers_graphs import tf1_graph  # noqa: E402
 from quant_fixtures import apply, nodes, ops  # noqa: E402
 
-from orchestrator.layer_errors import dequantize  # noqa: E402
-from orchestrator.model import ModelArtifact, TensorSpec  # noqa: E402
-from orchestrator.runtime import GraphRunner, predict  # noqa: E402
+from orchestrator.quant.layer_errors import dequantize  # noqa: E402
+from orchestrator.model.artifact import ModelArtifact, TensorSpec  # noqa: E402
+from orchestrator.measure.tf_runtime import GraphRunner, predict  # noqa: E402
 
 # The input range of a BiasAdd in the photo mini-Xception of issue 17, and its bias range.
 INPUT_RANGE, BIAS_RANGE = (-4.755581, 4.9719486), (-0.689076, 0.6196499)
@@ -42,7 +42,7 @@ def test_tfs_quantized_bias_add_is_off_by_steps() -> None:
     assert spread < 0.1, f"not a constant offset: spread {spread:.3f} steps"
     assert abs(offset) > 1.0, (
         f"TF's QuantizedBiasAdd is now off by {offset:+.3f} steps only (was -2.035 in TF "
-        "2.21): its float32 total-space defect looks fixed, so orchestrator.integer_bias' "
+        "2.21): its float32 total-space defect looks fixed, so orchestrator.quant.integer_bias' "
         "workaround (biases in the accumulator) may be reconsidered")
 
 
@@ -209,8 +209,8 @@ def test_a_small_bias_change_survives_whole() -> None:
     float32 (times 2^32 - 1, per accumulator step), not rounded to 8 bits."""
     import dataclasses
 
-    from orchestrator.graph_rewrite import const_value, copy_graph, set_const_value
-    from orchestrator.model import node_name
+    from orchestrator.model.graph_rewrite import const_value, copy_graph, set_const_value
+    from orchestrator.model.artifact import node_name
 
     model, x, bias = linear_layer("conv", 5, bias_scale=12.0)
     base = eight_bit_frozen(model, x)

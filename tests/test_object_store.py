@@ -1,4 +1,4 @@
-"""The store on an object store (orchestrator/object_store.py), against moto's standalone S3
+"""The store on an object store (orchestrator/cache/object_store.py), against moto's standalone S3
 server on loopback (a real HTTP endpoint, no mocks): the bucket layout, manifest last,
 verification on read (a truncated or altered object is a miss with a warning, never a
 model), first writer wins, --no-cache replaces, refused writes and an unreachable endpoint
@@ -18,9 +18,9 @@ from s3_entries import all_entries_verify, client, objects
 from s3_server import S3Server, free_port, s3_server_or_skip
 
 from orchestrator.errors import OutputError
-from orchestrator.model import ModelArtifact, TensorSpec
-from orchestrator.object_store import ObjectStore
-from orchestrator.store import Store, StoredResult, open_store
+from orchestrator.model.artifact import ModelArtifact, TensorSpec
+from orchestrator.cache.object_store import ObjectStore
+from orchestrator.cache.store import Store, StoredResult, open_store
 
 pytestmark = pytest.mark.servers
 
@@ -145,7 +145,7 @@ def test_a_damaged_entry_is_a_miss_with_a_warning_then_replaced(
         s3c.put_object(Bucket=bucket, Key=f"team/store/cache/{KEY[:2]}/{KEY}/manifest.json",
                        Body=b'{"format": 1, "key": ')
     reader = remote(bucket, tmp_path / "b")
-    with caplog.at_level(logging.WARNING, logger="orchestrator.object_store"):
+    with caplog.at_level(logging.WARNING, logger="orchestrator.cache.object_store"):
         assert not reader.has(KEY) and not reader.has_model(KEY)
     assert not reader.entry(KEY).exists()  # nothing of it in the mirror
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.plan import build_plan
-from orchestrator.recipe import load_recipe
+from orchestrator.engine.plan import build_plan
+from orchestrator.recipe.loading import load_recipe
 
 RECIPE = """
 version: 1
@@ -72,7 +72,7 @@ def test_variant_selection_includes_ancestors(tmp_path: Path, digits: Path) -> N
 
 
 def _key_for(tmp_path: Path, model_path: str) -> str:
-    from orchestrator.plan import source_key
+    from orchestrator.engine.plan import source_key
 
     recipe = tmp_path / "k.yaml"
     recipe.write_text(f"version: 1\nname: k\nmodel: {{path: {model_path}}}\n"
@@ -122,8 +122,8 @@ def test_freeze_ranges_nodes_know_the_float_model(tmp_path: Path, digits: Path) 
     """The float model of an 8-bit lineage is the input of its first 8-bit stage; the
     executor hands it to freeze_ranges (layer diagnostics), and the representative data,
     which freeze_ranges uses when there is some, is part of its key."""
-    from orchestrator.executor import RunData
-    from orchestrator.model import ModelArtifact
+    from orchestrator.engine.node_run import RunData
+    from orchestrator.model.artifact import ModelArtifact
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text(EIGHT_BIT_RECIPE.format(model=digits / "saved_model",

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator import plots
-from orchestrator.history import Row, chart_figure, format_table
+from orchestrator.results import plots
+from orchestrator.tracking.history import Row, chart_figure, format_table
 
 FOUR_AT_ONE_DOT = {"int8": (278_900, 7.41), "mobile": (279_100, 5.75),
                    "litert_dynamic": (281_700, 0.0569), "litert_int8": (284_400, 0.0296)}

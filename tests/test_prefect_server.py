@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from waiting import wait_for
 
-from orchestrator import prefect_server
+from orchestrator.flow import local_server
 from orchestrator.errors import OrchestratorError
-from orchestrator.prefect_server import (
+from orchestrator.flow.local_server import (
     LEASE_FILE,
     STATE_FILE,
     LocalServer,
@@ -41,13 +41,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def home(tmp_path: Path) -> Iterator[Path]:
     folder = tmp_path / ".orchestrator"
     yield folder
-    state = prefect_server._read_state(folder)  # never leave a server behind
+    state = local_server._read_state(folder)  # never leave a server behind
     if state is not None and pid_alive(int(state["pid"])):
         os.kill(int(state["pid"]), 15)
 
 
 def start(home: Path, idle_s: float) -> LocalServer:
-    server = prefect_server._attach_or_start(home, idle_s)
+    server = local_server._attach_or_start(home, idle_s)
     server.wait_ready()
     return server
 
@@ -80,8 +80,8 @@ def test_second_run_attaches_and_server_exits_when_idle(home: Path) -> None:
 
 
 def test_runs_starting_together_share_one_booting_server(home: Path) -> None:
-    first = prefect_server._attach_or_start(home, 30.0)
-    second = prefect_server._attach_or_start(home, 30.0)  # before the first answers
+    first = local_server._attach_or_start(home, 30.0)
+    second = local_server._attach_or_start(home, 30.0)  # before the first answers
     try:
         assert first.started_here and not second.started_here
         assert second.pid == first.pid
@@ -104,7 +104,7 @@ def test_server_whose_store_folder_is_deleted_exits(home: Path) -> None:
 def test_server_for_one_run_exits_when_the_run_is_killed(tmp_path: Path) -> None:
     code = ("import os, sys\nfrom pathlib import Path\n"
             "from orchestrator import prefect_server\n"
-            f"server = prefect_server._start_for_this_run(Path({str(tmp_path)!r}))\n"
+            f"server = local_server._start_for_this_run(Path({str(tmp_path)!r}))\n"
             "server.wait_ready()\nprint(server.pid, flush=True)\n"
             "os._exit(9)  # killed: no release()\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -129,8 +129,8 @@ def test_record_of_a_dead_server_is_replaced(home: Path) -> None:
     home.mkdir(parents=True)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    identity = prefect_server._identity()
-    prefect_server._write_state(home, {"pid": dead.pid, "port": 9, "api_url":
+    identity = local_server._identity()
+    local_server._write_state(home, {"pid": dead.pid, "port": 9, "api_url":
                                        "http://127.0.0.1:9/api", **identity})
     server = start(home, idle_s=30.0)
     try:
@@ -148,7 +148,7 @@ def test_server_of_another_installation_is_not_reused(home: Path,
     first.release()
     state = json.loads((home / STATE_FILE).read_text())
     state.update(changed)
-    prefect_server._write_state(home, {k: v for k, v in state.items() if v is not None})
+    local_server._write_state(home, {k: v for k, v in state.items() if v is not None})
     second = start(home, idle_s=30.0)
     try:
         assert second.started_here and second.pid != first.pid
@@ -172,9 +172,9 @@ def test_lease_is_shared_and_blocks_an_exclusive_lock(home: Path) -> None:
 
 @pytest.mark.parametrize("raw", ["soon", "-5", "nan"])
 def test_bad_idle_setting_is_a_clear_error(raw: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(prefect_server.IDLE_ENV, raw)
-    with pytest.raises(OrchestratorError, match=prefect_server.IDLE_ENV) as caught:
-        prefect_server.idle_seconds()
+    monkeypatch.setenv(local_server.IDLE_ENV, raw)
+    with pytest.raises(OrchestratorError, match=local_server.IDLE_ENV) as caught:
+        local_server.idle_seconds()
     assert caught.value.exit_code == 2
 
 
@@ -187,7 +187,7 @@ def test_cli_reuses_the_server_and_per_run_mode_leaves_none(
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env.update(ORCHESTRATOR_HOME=str(tmp_path / ".orchestrator"),
                MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}",
-               **{prefect_server.IDLE_ENV: "60"})
+               **{local_server.IDLE_ENV: "60"})
 
     def run(out: str, **extra: str) -> subprocess.CompletedProcess[str]:
         done = subprocess.run([sys.executable, "-m", "orchestrator", "run", str(recipe),
@@ -208,13 +208,13 @@ def test_cli_reuses_the_server_and_per_run_mode_leaves_none(
         stages = [s for v in report["variants"].values() for s in v["stages"]]
         assert stages and all(s["cached"] for s in stages)
     finally:
-        state = prefect_server._read_state(home)
+        state = local_server._read_state(home)
         if state is not None:
             os.kill(int(state["pid"]), 15)
     wait_for(lambda: not pid_alive(pid), "the server to stop on SIGTERM")
     assert not (home / STATE_FILE).exists(), "a server stopped by a signal left its record"
 
-    third = run("out3", **{prefect_server.IDLE_ENV: "0"})
+    third = run("out3", **{local_server.IDLE_ENV: "0"})
     assert "is kept" not in third.stderr
     assert not (home / STATE_FILE).exists()
     wait_for(lambda: not servers_of(home), "the per-run server to stop")
@@ -230,7 +230,7 @@ def servers_of(home: Path) -> list[int]:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"orchestrator.prefect_daemon" in argv and str(home).encode() in argv \
+        if b"orchestrator.flow.server_process" in argv and str(home).encode() in argv \
                 and pid_alive(int(proc.name)):
             found.append(int(proc.name))
     return found
@@ -238,8 +238,7 @@ def servers_of(home: Path) -> list[int]:
 
 def test_server_command_shows_and_stops_the_server(home: Path, monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    from orchestrator import cli
-
+    from orchestrator.cli import main as cli
     monkeypatch.setenv("ORCHESTRATOR_HOME", str(home))
     server = start(home, idle_s=60.0)
     assert cli.main(["server", "status"]) == 0
@@ -263,8 +262,7 @@ def test_server_command_shows_and_stops_the_server(home: Path, monkeypatch: pyte
 
 def test_forced_stop_forgets_the_server_before_it_goes(home: Path, monkeypatch: pytest.MonkeyPatch,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    from orchestrator import cli
-
+    from orchestrator.cli import main as cli
     monkeypatch.setenv("ORCHESTRATOR_HOME", str(home))
     server = start(home, idle_s=60.0)
     try:
@@ -292,7 +290,7 @@ def test_the_server_serves_prefects_classic_ui(home: Path) -> None:
     and the classic UI is the default (the new one calls an analytics host at load)."""
     server = start(home, idle_s=30.0)
     try:
-        ui = prefect_server.ui_url(server.api_url)
+        ui = local_server.ui_url(server.api_url)
         assert ui == server.api_url.removesuffix("api")
         settings = json.loads(get(f"{ui}ui-settings")[2])
         assert settings["api_url"] == server.api_url
@@ -307,14 +305,14 @@ def test_the_server_serves_prefects_classic_ui(home: Path) -> None:
 
 
 def test_ui_attaches_to_the_shared_server_or_starts_it_on_its_port(home: Path) -> None:
-    port = prefect_server.free_port()
-    first = prefect_server.attach_for_ui(home, port)
+    port = local_server.free_port()
+    first = local_server.attach_for_ui(home, port)
     try:
         first.wait_ready()
         assert first.started_here and first.lingers
         assert first.api_url == f"http://127.0.0.1:{port}/api"
         # a run (or a second `ui`) attaches to it, whatever port it would have asked for
-        second = prefect_server.attach_for_ui(home, prefect_server.free_port())
+        second = local_server.attach_for_ui(home, local_server.free_port())
         assert not second.started_here and second.pid == first.pid
         second.release()
     finally:
@@ -328,10 +326,10 @@ def test_ui_on_a_taken_port_starts_nothing(home: Path) -> None:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         port = int(sock.getsockname()[1])
-        with pytest.raises(prefect_server.PortTaken, match=f"port {port} is taken") as caught:
-            prefect_server.attach_for_ui(home, port)
+        with pytest.raises(local_server.PortTaken, match=f"port {port} is taken") as caught:
+            local_server.attach_for_ui(home, port)
     assert caught.value.exit_code == 2
-    assert not (home / STATE_FILE).exists() and not (home / prefect_server.LOG_FILE).exists()
+    assert not (home / STATE_FILE).exists() and not (home / local_server.LOG_FILE).exists()
     assert not servers_of(home)
 
 
@@ -342,7 +340,7 @@ def test_identity_is_the_installation_not_the_name_of_its_python() -> None:
              if p.exists()]
     if len(names) < 2:
         pytest.skip("this installation has one name for its Python")
-    code = "from orchestrator.prefect_server import _identity; print(_identity())"
+    code = "from orchestrator.flow.local_server import _identity; print(_identity())"
     seen = {subprocess.run([str(python), "-c", code], capture_output=True, text=True,
                            check=True, timeout=120).stdout for python in names}
     assert len(seen) == 1, seen

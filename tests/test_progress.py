@@ -6,9 +6,9 @@ import io
 
 from rich.console import Console
 
-from orchestrator.executor import NodeOutcome
-from orchestrator.plan import Node
-from orchestrator.progress import ConsoleProgress
+from orchestrator.engine.node_run import NodeOutcome
+from orchestrator.engine.plan import Node
+from orchestrator.results.progress import ConsoleProgress
 
 NODE = Node(id="int8/3:freeze_ranges", pipeline="int8", index=3, stage="freeze_ranges",
             params=None, kind="transform", key="k", input_model_key="i",

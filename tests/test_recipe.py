@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 from orchestrator.errors import DataError, ModelSourceError, RecipeError
-from orchestrator.recipe import apply_overrides, load_recipe
+from orchestrator.recipe.loading import apply_overrides, load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 BAD = Path(__file__).resolve().parent / "fixtures" / "recipes"

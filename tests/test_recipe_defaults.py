@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import RecipeError
-from orchestrator.keys import KeyMaterialError
-from orchestrator.plan import build_plan
-from orchestrator.recipe import load_recipe
+from orchestrator.model.keys import KeyMaterialError
+from orchestrator.engine.plan import build_plan
+from orchestrator.recipe.loading import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 

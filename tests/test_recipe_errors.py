@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 from orchestrator.errors import ModelSourceError, RecipeError
-from orchestrator.recipe import RecipeErrors, load_recipe
+from orchestrator.recipe.loading import RecipeErrors, load_recipe
 
 BAD = Path(__file__).resolve().parent / "fixtures" / "recipes"
 THREE = BAD / "three_mistakes.yaml"

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from orchestrator.budgets import MB, check_budgets
-from orchestrator.devices import resolve_device
-from orchestrator.recipe_models import Budgets
-from orchestrator.report import RAM_HEAP, select, selection_reasons
+from orchestrator.measure.budgets import MB, check_budgets
+from orchestrator.measure.devices import resolve_device
+from orchestrator.recipe.models import Budgets
+from orchestrator.results.report import RAM_HEAP, select, selection_reasons
 
 
 def variant(size: int, est: float | None, ok: bool = True, p50: float | None = None) -> dict:
@@ -123,7 +123,7 @@ def test_summary_shows_the_lowest_sqnr_of_outputs_that_are_not_classes(tmp_path)
 
     from rich.console import Console
 
-    from orchestrator.report import print_summary
+    from orchestrator.results.report import print_summary
 
     def row(name: str, outputs: list[dict]) -> dict:
         return {"size_bytes": 2048, "gzip_size_bytes": 1024, "params": 10, "fidelity": 0.999,

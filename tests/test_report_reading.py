@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from orchestrator.budgets import MB, Violation
-from orchestrator.report import (
+from orchestrator.measure.budgets import MB, Violation
+from orchestrator.results.report import (
     RAM_HEAP,
     RAM_SIZE,
     RAM_TRACED,
@@ -22,7 +22,7 @@ from orchestrator.report import (
     console_warnings,
     print_summary,
 )
-from orchestrator.report_page import render
+from orchestrator.results.page import render
 
 FLAG = "1 layer(s) above 0.7 RMSE/scale (rounding alone: 0.29): probs_1/BiasAdd 1.07"
 NODES = ["StatefulPartitionedCall/digits_cnn_1/dense1_1/MatMul;"
@@ -173,7 +173,7 @@ def test_the_page_and_the_console_name_layers_alike(report: dict, tmp_path: Path
 
 def test_the_page_links_the_loading_docs_relative_to_itself(report: dict,
                                                             tmp_path: Path) -> None:
-    from orchestrator.report import LOADING_DOC
+    from orchestrator.results.report import LOADING_DOC
 
     if not LOADING_DOC.is_file():
         pytest.skip("docs/loading.md is not next to the package (an installed wheel)")
@@ -201,8 +201,8 @@ def test_ram_is_one_measure_for_every_kind() -> None:
 
 def test_a_ram_budget_reads_the_heap_growth_and_the_column_says_so(report: dict,
                                                                     tmp_path: Path) -> None:
-    from orchestrator.budgets import check_budgets
-    from orchestrator.recipe_models import Budgets
+    from orchestrator.measure.budgets import check_budgets
+    from orchestrator.recipe.models import Budgets
 
     fp32 = {"size_bytes": 1_076_839, **_ram({"peak_memory_bytes": 1_086_000, "memory": {
         "anon_growth_mb": 13.066}}, 1_076_839)}
@@ -259,9 +259,9 @@ def test_prose_is_not_broken_mid_phrase_where_the_output_is_no_terminal(
 
 def test_diagnostics_drop_the_guard_advice_where_the_guard_is_on(report: dict,
                                                                  tmp_path: Path) -> None:
-    from orchestrator.plan import build_plan
-    from orchestrator.recipe import load_recipe
-    from orchestrator.report import guard_on, without_guard_advice
+    from orchestrator.engine.plan import build_plan
+    from orchestrator.recipe.loading import load_recipe
+    from orchestrator.results.report import guard_on, without_guard_advice
     from orchestrator.stages.freeze_ranges import _flag_diagnostic
 
     recipe = Path(__file__).resolve().parents[1] / "recipes" / "digits.yaml"

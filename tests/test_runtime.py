@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from orchestrator.runtime import GraphRunner
+from orchestrator.measure.tf_runtime import GraphRunner
 
 
 def graph(batch: int | None):
@@ -36,8 +36,8 @@ def test_free_batch_uses_the_requested_size() -> None:
 def test_predict_all_returns_every_output_in_order() -> None:
     import tensorflow as tf
 
-    from orchestrator.model import ModelArtifact, TensorSpec
-    from orchestrator.runtime import predict, predict_all
+    from orchestrator.model.artifact import ModelArtifact, TensorSpec
+    from orchestrator.measure.tf_runtime import predict, predict_all
 
     g = tf.Graph()
     with g.as_default():

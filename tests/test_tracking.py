@@ -13,12 +13,12 @@ import pytest
 import yaml
 from registry_helpers import report, write_outputs, write_project
 
-from orchestrator.executor import NodeOutcome
-from orchestrator.plan import build_plan
-from orchestrator.project import local_tracking_folder
-from orchestrator.recipe import load_recipe
-from orchestrator.run_names import distinct_name, git_commit, run_name, short_commit
-from orchestrator.tracking import (
+from orchestrator.engine.node_run import NodeOutcome
+from orchestrator.engine.plan import build_plan
+from orchestrator.cache.project import local_tracking_folder
+from orchestrator.recipe.loading import load_recipe
+from orchestrator.engine.run_names import distinct_name, git_commit, run_name, short_commit
+from orchestrator.tracking.worker import (
     MlflowLogger,
     artifact_root,
     experiment_url,
@@ -29,7 +29,7 @@ from orchestrator.tracking import (
     run_url,
     variant_metrics,
 )
-from orchestrator.tracking_client import TrackingClient, recipe_yaml, run_params
+from orchestrator.tracking.client import TrackingClient, recipe_yaml, run_params
 
 
 def test_flatten_nests_dicts_and_lists() -> None:
@@ -56,7 +56,7 @@ def test_url_credentials_are_redacted() -> None:
 
 
 def test_token_only_url_credentials_are_redacted() -> None:
-    from orchestrator.tracking import redact
+    from orchestrator.tracking.worker import redact
 
     assert redact("https://ghp_tok3n@host/x") == "https://***@host/x"
     assert redact("https://:tok3n@host/x") == "https://***@host/x"
@@ -183,7 +183,7 @@ def test_tracking_defaults_to_the_project_root(tmp_path: Path,
     assert experiment_url("http://127.0.0.1:5000/", "3", key_metrics=False) == (
         "http://127.0.0.1:5000/#/experiments/3/runs?workflowType=machine_learning")
     # `orchestrator ui` links to the same view (where a run has saved it)
-    from orchestrator.ui import mlflow_url
+    from orchestrator.cli.ui import mlflow_url
 
     assert mlflow_url("http://127.0.0.1:5000", "3", key_metrics=True) == (
         experiment_url("http://127.0.0.1:5000/", "3"))

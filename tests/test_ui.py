@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli
-from orchestrator.ui import CLASSIC_VIEW, mlflow_url
+from orchestrator.cli import main as cli
+from orchestrator.cli.ui import CLASSIC_VIEW, mlflow_url
 
 
 @pytest.fixture

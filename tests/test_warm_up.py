@@ -18,9 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
 import json, sys
 from pathlib import Path
-from orchestrator import load_probe, warm_up
-from orchestrator.recipe import load_recipe
-from orchestrator.store import Store
+from orchestrator.measure import load_probe
+from orchestrator.flow import warm_up
+from orchestrator.recipe.loading import load_recipe
+from orchestrator.cache.store import Store
 
 started = []
 load_probe.start = lambda: started.append("probe")  # count the hooks, start no process

@@ -1,7 +1,7 @@
 """Representative and evaluation data: `.npz` arrays, image folders, or `module:function`.
 
 A `DataSource` (recipe_models.py) names one of three kinds of source, each read by one
-module of this package, looked up in `KINDS` (as orchestrator.sources does for models):
+module of this package, looked up in `KINDS` (as orchestrator.model.sources does for models):
 
 - npz.py: an `.npz` file, arrays by name; uncompressed members are memory-mapped.
 - images.py: a folder of images, read one file at a time; non-images skipped (counted in
@@ -49,8 +49,8 @@ from orchestrator.data.source import (
     source_path,
 )
 from orchestrator.errors import DataError
-from orchestrator.model import TensorSpec
-from orchestrator.recipe_models import DataSource
+from orchestrator.model.artifact import TensorSpec
+from orchestrator.recipe.models import DataSource
 from orchestrator.stages.base import EvaluationData
 
 __all__ = ["KINDS", "LoadStats", "SourceKind", "IMAGE_EXTENSIONS", "source_kind",

@@ -11,7 +11,7 @@ import numpy as np
 
 from orchestrator.data.source import Chunk, log
 from orchestrator.errors import DataError
-from orchestrator.model import TensorSpec
+from orchestrator.model.artifact import TensorSpec
 
 
 def checked(chunks: Iterable[Chunk], names: tuple[str, str], file: str | None,

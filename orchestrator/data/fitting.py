@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from orchestrator.errors import DataError
-from orchestrator.model import TensorSpec
+from orchestrator.model.artifact import TensorSpec
 
 # numpy kinds that never cast to a numeric input: strings, bytes, records, dates/times
 _KIND_NAMES = {"c": "complex numbers: pass the real part, or real and imaginary parts as "

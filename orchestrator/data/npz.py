@@ -17,8 +17,8 @@ from orchestrator.data.batches import checked, slices
 from orchestrator.data.fitting import check_dtype, check_fits, kind_name
 from orchestrator.data.source import Chunk, LoadStats, Role, hash_file, source_path
 from orchestrator.errors import DataError
-from orchestrator.model import TensorSpec
-from orchestrator.recipe_models import DataSource
+from orchestrator.model.artifact import TensorSpec
+from orchestrator.recipe.models import DataSource
 
 Headers = dict[str, tuple[tuple[int, ...], np.dtype]]
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from orchestrator import paths
 from orchestrator.errors import DataError
-from orchestrator.recipe_models import DataSource
+from orchestrator.recipe.models import DataSource
 
 # the name data warnings have always been logged under (tests and users filter on it)
 log = logging.getLogger("orchestrator.data")

@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchestrator.kinds import KIND_MODULES
+from orchestrator.model.kinds import KIND_MODULES
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from orchestrator.devices import Device
-    from orchestrator.keys import ModelKey
-    from orchestrator.model import ModelArtifact
+    from orchestrator.measure.devices import Device
+    from orchestrator.model.keys import ModelKey
+    from orchestrator.model.artifact import ModelArtifact
 
 
 class StageParams(BaseModel):
@@ -90,7 +90,7 @@ class StageResult:
 
 
 StageKind = Literal["transform", "measure"]
-# Every artifact kind: the measuring stages run any of them (orchestrator.kinds.runnable).
+# Every artifact kind: the measuring stages run any of them (orchestrator.model.kinds.runnable).
 ANY_KIND = frozenset(KIND_MODULES)
 
 
@@ -107,7 +107,7 @@ class Stage:
     it (part of its key too), and does without otherwise.
     file_params: params holding a file path relative to the recipe; checked to exist up
     front, read through `StageContext.read_file`, and their content is part of the key.
-    accepts: the artifact kinds (orchestrator.kinds) the stage takes; the recipe's wiring
+    accepts: the artifact kinds (orchestrator.model.kinds) the stage takes; the recipe's wiring
     check rejects any other. produces: the kind it makes (None: the kind it was given).
     uses_key: its params `key_env`/`key_file` name a model key; the plan loads it up front
     (a missing or bad key is exit 2), puts its key id in the cache key, and the stage gets
@@ -145,8 +145,8 @@ def shipped_graph(artifact: ModelArtifact, ctx: StageContext) -> ModelArtifact:
     describe the shipped model (ops_header, graph_view) look at."""
     if artifact.kind == "graphdef":
         return artifact
-    from orchestrator.kinds import deployed_graph
-    from orchestrator.model import ModelArtifact as Artifact
+    from orchestrator.model.kinds import deployed_graph
+    from orchestrator.model.artifact import ModelArtifact as Artifact
 
     return Artifact(graph_def=deployed_graph(artifact, ctx.model_key), inputs=artifact.inputs,
                     outputs=artifact.outputs, metadata=artifact.metadata)

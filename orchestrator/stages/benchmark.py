@@ -20,10 +20,10 @@ data, else random data of the input's shape (unknown dimensions taken as 1).
   `estimate_basis` what it was calibrated on: this host's measured FLOP/s (a matmul
   probe, all threads and one), the runtime's probed cost per run (`fixed_ms`) and per op
   (`per_op_ms`), the ops a run executes (graph nodes for a TF session, operators for
-  LiteRT, as `inspect` counts them) and the timings' cv. See orchestrator.estimates.
+  LiteRT, as `inspect` counts them) and the timings' cv. See orchestrator.measure.estimates.
 - `memory`: `load_ms`, `rss_growth_mb` and `anon_growth_mb` of a fresh process that reads
   the shipped file (decrypting it, mapping memmapped weights), loads it and runs it once:
-  measured, see orchestrator.load_probe. RssAnon is the heap a phone's OS counts.
+  measured, see orchestrator.measure.load_probe. RssAnon is the heap a phone's OS counts.
 - `peak_memory_bytes` (one extra traced run): weights held in RAM (Const; memory-mapped
   ImmutableConst weights are not counted) plus the fed inputs plus the peak of live
   intermediate tensors, each buffer freed after its last consumer ran. TF's allocator
@@ -45,12 +45,12 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import Field, NonNegativeInt, PositiveInt
 
-from orchestrator.devices import precision_of
-from orchestrator.estimates import basis, estimate
-from orchestrator.host import describe, speed
-from orchestrator.kinds import runnable
-from orchestrator.model import ModelArtifact
-from orchestrator.runtime import random_input
+from orchestrator.measure.devices import precision_of
+from orchestrator.measure.estimates import basis, estimate
+from orchestrator.measure.host import describe, speed
+from orchestrator.model.kinds import runnable
+from orchestrator.model.artifact import ModelArtifact
+from orchestrator.measure.tf_runtime import random_input
 from orchestrator.stages import register
 from orchestrator.stages.base import ANY_KIND, Stage, StageContext, StageParams, StageResult
 
@@ -80,8 +80,8 @@ class Params(StageParams):
 
 
 def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
-    from orchestrator.kinds import unwrapped
-    from orchestrator.runtime import open_runner
+    from orchestrator.model.kinds import unwrapped
+    from orchestrator.measure.tf_runtime import open_runner
 
     settings = (params.threads if isinstance(params.threads, list)
                 else [params.threads or os.cpu_count() or 1])
@@ -170,8 +170,8 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
 def _fresh_process_memory(given: ModelArtifact, ctx: StageContext, warnings: list[str]
                           ) -> dict[str, Any] | None:
     """Load time and resident-memory growth of a fresh process that loads the shipped file
-    and runs it once (orchestrator.load_probe); None, with a warning, where it cannot."""
-    from orchestrator.load_probe import ProbeError, measure_artifact
+    and runs it once (orchestrator.measure.load_probe); None, with a warning, where it cannot."""
+    from orchestrator.measure.load_probe import ProbeError, measure_artifact
 
     try:
         answer = measure_artifact(given, ctx.model_key, [s.to_json() for s in given.inputs],
@@ -187,7 +187,7 @@ def _operators(opened: ModelArtifact) -> int | None:
     """The operators one LiteRT run executes, as `inspect` counts them: the .tflite's
     operators, each run once per Invoke (in its own kernel or inside a delegate's). A TF
     session's count is its graph's nodes, Const included: the executor runs them too."""
-    from orchestrator.litert_model import describe
+    from orchestrator.model.litert_model import describe
 
     if opened.payload is None:
         return None
@@ -216,11 +216,10 @@ def _timed_runs(runner: Any, feeds: list[np.ndarray], count: int) -> list[float]
 def _profile(runner: Any, feeds: list[np.ndarray], runs: int
              ) -> tuple[dict[str, Any], dict[str, bytes]]:
     """report.json's `profile` and the two TSVs, from the runner's own per-node timing."""
-    from orchestrator import profiling
-
+    from orchestrator.measure import profiling
     timings = runner.node_timings(feeds, runs)
     if timings is None:  # LiteRT's Python interpreter has no op profiler
-        from orchestrator.litert_runtime import NO_PROFILE_NOTE
+        from orchestrator.measure.litert_runtime import NO_PROFILE_NOTE
 
         return {"source": None, "note": NO_PROFILE_NOTE}, {}
     top, by_type = profiling.top_rows(timings), profiling.by_type_rows(timings)
@@ -308,7 +307,7 @@ def _quantized_flops(graph: Any) -> int:
 
     total = 0
     for op in graph.get_operations():
-        # a bias added in a conv/matmul's accumulator (orchestrator.integer_bias) is an
+        # a bias added in a conv/matmul's accumulator (orchestrator.quant.integer_bias) is an
         # int32 add ending in a Bitcast to qint32: one operation per output element
         fused_bias = op.type == "Bitcast" and op.get_attr("type") == tf.qint32
         if not op.type.startswith("Quantized") and not fused_bias:
@@ -403,7 +402,7 @@ def peak_memory_bytes(graph: Any, step_stats: Any) -> int:
 
 def _prepare(params: Params) -> None:
     if params.memory:
-        from orchestrator.load_probe import start
+        from orchestrator.measure.load_probe import start
 
         start()  # the probe's process imports TensorFlow while earlier stages run
 

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from orchestrator.graph_rewrite import copy_graph, rename_nodes
-from orchestrator.model import ModelArtifact, node_name
+from orchestrator.model.graph_rewrite import copy_graph, rename_nodes
+from orchestrator.model.artifact import ModelArtifact, node_name
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 
@@ -43,8 +43,7 @@ class Params(StageParams):
 
 def strip_default_attrs(graph: GraphDef) -> int:
     """Remove, in place, every attr whose value is its OpDef's default; returns how many."""
-    from orchestrator import tf_adapter
-
+    from orchestrator.model import tf_adapter
     removed = 0
     for node in graph.node:
         op_def = tf_adapter.op_def(node.op)

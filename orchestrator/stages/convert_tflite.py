@@ -27,8 +27,8 @@ import numpy as np
 from pydantic import Field, NonNegativeInt, PositiveInt
 
 from orchestrator.errors import DataError, ModelSourceError
-from orchestrator.model import ModelArtifact
-from orchestrator.native_output import native_output_held
+from orchestrator.model.artifact import ModelArtifact
+from orchestrator.model.native_output import native_output_held
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 
@@ -73,11 +73,11 @@ class Params(StageParams):
     guard: bool = Field(
         False, description="int8 mode: when a target's quality budget breaks, keep the "
         "layers that add the most error in float (float_nodes), worst first, until it holds "
-        "(see orchestrator.guard); each trial is tracked.")
+        "(see orchestrator.engine.guard); each trial is tracked.")
 
 
 def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
-    from orchestrator.litert_model import describe
+    from orchestrator.model.litert_model import describe
 
     converter = _converter(given, params, ctx)
     flatbuffer = _convert(converter, given, params, ctx)
@@ -148,7 +148,7 @@ def _concrete_function(given: ModelArtifact) -> Any:
     MLIR converter takes)."""
     import tensorflow as tf
 
-    from orchestrator.model import tensor_name
+    from orchestrator.model.artifact import tensor_name
 
     def imported() -> None:
         tf.compat.v1.import_graph_def(given.graph_def, name="")

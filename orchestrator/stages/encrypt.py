@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from orchestrator.encryption import PAYLOAD_KINDS
+from orchestrator.model.encryption import PAYLOAD_KINDS
 from orchestrator.errors import StageError
-from orchestrator.keys import DEFAULT_ENV
-from orchestrator.model import ModelArtifact
+from orchestrator.model.keys import DEFAULT_ENV
+from orchestrator.model.artifact import ModelArtifact
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 
@@ -32,8 +32,8 @@ class Params(StageParams):
 
 
 def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
-    from orchestrator import kinds
-    from orchestrator.encryption import HEADER_BYTES, decrypt, encrypt
+    from orchestrator.model import kinds
+    from orchestrator.model.encryption import HEADER_BYTES, decrypt, encrypt
 
     if ctx.model_key is None:
         raise StageError("encrypt needs a model key and the runner gave none",

@@ -26,15 +26,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 from pydantic import Field
 
-from orchestrator.graph_rewrite import GraphIndex, const_value, copy_graph, output_index
-from orchestrator.model import node_name
+from orchestrator.model.graph_rewrite import GraphIndex, const_value, copy_graph, output_index
+from orchestrator.model.artifact import node_name
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 
 if TYPE_CHECKING:
     from tensorflow.core.framework.node_def_pb2 import NodeDef
 
-    from orchestrator.model import ModelArtifact
+    from orchestrator.model.artifact import ModelArtifact
 
 _DT_FLOAT = 1
 CONVS = ("Conv2D", "DepthwiseConv2dNative")

@@ -50,7 +50,7 @@ import numpy as np
 from pydantic import Field, PositiveInt
 
 from orchestrator.errors import DataError, StageError
-from orchestrator.model import ModelArtifact, node_name, tensor_name
+from orchestrator.model.artifact import ModelArtifact, node_name, tensor_name
 from orchestrator.stages import register
 from orchestrator.stages.base import ANY_KIND, Stage, StageContext, StageParams, StageResult
 
@@ -80,7 +80,7 @@ class Params(StageParams):
 
 
 def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
-    from orchestrator.runtime import open_runner
+    from orchestrator.measure.tf_runtime import open_runner
 
     if ctx.evaluation is None:
         raise StageError("evaluate needs data.evaluation in the recipe",

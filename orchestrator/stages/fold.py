@@ -32,7 +32,7 @@ import numpy as np
 from pydantic import Field
 
 from orchestrator.errors import StageError
-from orchestrator.graph_rewrite import (
+from orchestrator.model.graph_rewrite import (
     GraphIndex,
     control_inputs,
     copy_graph,
@@ -45,7 +45,7 @@ from orchestrator.graph_rewrite import (
     set_const_value,
     unique_name,
 )
-from orchestrator.model import ModelArtifact, node_name
+from orchestrator.model.artifact import ModelArtifact, node_name
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 
@@ -432,8 +432,7 @@ def _tf_transforms(params: Params) -> list[str]:
 
 
 def _transform(graph: GraphDef, artifact: ModelArtifact, transforms: str) -> GraphDef:
-    from orchestrator import tf_adapter
-
+    from orchestrator.model import tf_adapter
     outputs = [node_name(name) for name in artifact.outputs]
     return tf_adapter.transform_graph(graph, artifact.input_names, outputs, transforms)
 

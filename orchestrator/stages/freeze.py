@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from orchestrator import graph_info
+from orchestrator.model import graph_info
 from orchestrator.errors import StageError
-from orchestrator.model import ModelArtifact, node_name, tensor_name
+from orchestrator.model.artifact import ModelArtifact, node_name, tensor_name
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 
@@ -68,8 +68,7 @@ def inline_functions(graph_def: GraphDef, fetch: list[str]) -> GraphDef:
     calls and lowers control flow. `fetch` (tensor names) are kept, under their names."""
     from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config_pb2
 
-    from orchestrator import tf_adapter
-
+    from orchestrator.model import tf_adapter
     meta_graph = meta_graph_pb2.MetaGraphDef()
     meta_graph.graph_def.CopyFrom(graph_def)
     _force_lowering(meta_graph.graph_def)

@@ -19,7 +19,7 @@ The log is dropped from the metadata once its ranges are frozen (ranges.log, wri
 log_ranges, keeps it).
 
 Then, with `diagnostics` (default) and representative data in the recipe, each quantized
-layer is compared with the lineage's float model (orchestrator.layer_errors): RMSE over
+layer is compared with the lineage's float model (orchestrator.quant.layer_errors): RMSE over
 the quantization scale (about 0.29 is pure rounding; above 0.7 is a diagnostic),
 normalized MSE against float, the range and the share of float values clipped. Report
 `layer_errors`, metrics `layer_error_max`, `layers_flagged`, `layer_nmse_max`, and
@@ -34,16 +34,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 from pydantic import Field
 
-from orchestrator import quantization as q
+from orchestrator.quant import ranges as q
 from orchestrator.errors import DataError
-from orchestrator.graph_rewrite import copy_graph
+from orchestrator.model.graph_rewrite import copy_graph
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 
 if TYPE_CHECKING:
     from tensorflow.core.framework.graph_pb2 import GraphDef
 
-    from orchestrator.model import ModelArtifact
+    from orchestrator.model.artifact import ModelArtifact
 
 
 class Params(StageParams):
@@ -71,8 +71,7 @@ def _short(names: list[str] | set[str], limit: int = 8) -> str:
 def freeze_with_tf(graph_def: GraphDef, inputs: list[str], outputs: list[str], log: str,
                    min_percentile: float, max_percentile: float) -> GraphDef:
     """TF's own freeze_requantization_ranges on `log` (the adapter hands it to TF)."""
-    from orchestrator import tf_adapter
-
+    from orchestrator.model import tf_adapter
     return tf_adapter.freeze_requantization_ranges(graph_def, inputs, outputs, log,
                                                    min_percentile, max_percentile)
 
@@ -102,8 +101,7 @@ def _add_diagnostics(result: StageResult, params: Params, ctx: StageContext) -> 
     """Per-layer errors of the frozen graph against the float model, into `result`."""
     import tensorflow as tf
 
-    from orchestrator import layer_errors
-
+    from orchestrator.quant import layer_errors
     if ctx.float_model is None or ctx.representative is None:
         missing = "representative data" if ctx.float_model else "a float model before it"
         ctx.log.info("freeze_ranges: no layer diagnostics: the lineage has no %s", missing)
@@ -129,7 +127,7 @@ def _add_diagnostics(result: StageResult, params: Params, ctx: StageContext) -> 
 
 def _flag_diagnostic(bad: list[dict], names: list[str]) -> str:
     from orchestrator.formatting import layer_names
-    from orchestrator.layer_errors import FLAG_ABOVE, IDEAL
+    from orchestrator.quant.layer_errors import FLAG_ABOVE, IDEAL
 
     short = layer_names(names)  # as the page names them: "<scope>/" says nothing
 
@@ -161,7 +159,7 @@ def nudge_frozen_ranges(graph_def: GraphDef) -> int:
     in place; returns how many ranges."""
     import tensorflow as tf
 
-    from orchestrator.graph_rewrite import GraphIndex, set_const_value
+    from orchestrator.model.graph_rewrite import GraphIndex, set_const_value
 
     index = GraphIndex.build(graph_def)
     pairs = {(n.input[3], n.input[4]) for n in graph_def.node
@@ -189,7 +187,7 @@ def freeze_quantize_ranges(graph_def: GraphDef,
     """The run-time-ranged QuantizeV2 nodes that have log lines get constant ranges (the
     percentile rule, widened to include zero so that zero stays exact); a new graph and
     how many. Their Min/Max are left for pruning."""
-    from orchestrator.graph_rewrite import copy_graph
+    from orchestrator.model.graph_rewrite import copy_graph
     from orchestrator.stages.log_ranges import run_time_quantizations
 
     graph = copy_graph(graph_def)

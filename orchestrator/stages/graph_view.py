@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from orchestrator.model import ModelArtifact, node_name
+from orchestrator.model.artifact import ModelArtifact, node_name
 from orchestrator.stages import register
 from orchestrator.stages.base import (
     ANY_KIND,

@@ -38,17 +38,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import Field
 
-from orchestrator import quantization as q
-from orchestrator.graph_rewrite import copy_graph
-from orchestrator.model import tensor_name
+from orchestrator.quant import ranges as q
+from orchestrator.model.graph_rewrite import copy_graph
+from orchestrator.model.artifact import tensor_name
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 
 if TYPE_CHECKING:
     from tensorflow.core.framework.graph_pb2 import GraphDef
 
-    from orchestrator.model import ModelArtifact
-    from orchestrator.runtime import GraphRunner
+    from orchestrator.model.artifact import ModelArtifact
+    from orchestrator.measure.tf_runtime import GraphRunner
 
 
 class Params(StageParams):
@@ -286,8 +286,8 @@ def _lines(probes: list[_Probe], lows: list[np.ndarray], highs: list[np.ndarray]
 def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
     import tensorflow as tf
 
-    from orchestrator import tf_adapter
-    from orchestrator.runtime import GraphRunner
+    from orchestrator.model import tf_adapter
+    from orchestrator.measure.tf_runtime import GraphRunner
 
     names = [n.name for n in artifact.graph_def.node if n.op == "RequantizationRange"]
     if not names:

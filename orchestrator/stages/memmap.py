@@ -16,7 +16,7 @@ from __future__ import annotations
 from pydantic import Field, NonNegativeInt
 
 from orchestrator.errors import StageError
-from orchestrator.model import ModelArtifact
+from orchestrator.model.artifact import ModelArtifact
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 
@@ -31,7 +31,7 @@ class Params(StageParams):
 
 
 def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
-    from orchestrator.memmap_format import read_package, tensor_bytes, write_package
+    from orchestrator.model.memmap_format import read_package, tensor_bytes, write_package
 
     data, _ = write_package(artifact.graph_def, params.min_conversion_size_bytes)
     package = read_package(data)
@@ -50,7 +50,7 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
         warnings.append(f"no Const of {params.min_conversion_size_bytes} bytes or more: "
                         "nothing is memory-mapped")
     if params.measure:
-        from orchestrator.load_probe import ProbeError
+        from orchestrator.measure.load_probe import ProbeError
 
         try:
             info.update(_compare_loads(data, artifact))
@@ -64,11 +64,11 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
 
 def _compare_loads(package_bytes: bytes, frozen: ModelArtifact) -> dict:
     """Fresh-process load of the directly runnable memmapped variant, then of the frozen
-    graph (see orchestrator.load_probe)."""
+    graph (see orchestrator.measure.load_probe)."""
     import tempfile
     from pathlib import Path
 
-    from orchestrator.load_probe import measure_file, write_runnable_memmapped
+    from orchestrator.measure.load_probe import measure_file, write_runnable_memmapped
 
     inputs, outputs = [s.to_json() for s in frozen.inputs], list(frozen.outputs)
     with tempfile.TemporaryDirectory(prefix="orchestrator-memmap-") as tmp:
@@ -86,7 +86,7 @@ def _compare_loads(package_bytes: bytes, frozen: ModelArtifact) -> dict:
 
 def _prepare(params: Params) -> None:
     if params.measure:
-        from orchestrator.load_probe import start
+        from orchestrator.measure.load_probe import start
 
         start()  # the probe's process imports TensorFlow while earlier stages run
 

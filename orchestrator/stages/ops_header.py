@@ -2,7 +2,7 @@
 
 A measuring stage: the model passes through unchanged. For a LiteRT model (`.tflite`,
 encrypted or not) it writes LiteRT's selective-build files instead: see
-orchestrator.litert_ops. It writes, for the stage's input
+orchestrator.model.litert_ops. It writes, for the stage's input
 graph (library functions included):
 - `ops_to_register.h`: TensorFlow's selective-registration header, made by its own
   `selective_registration_header_lib`. Copy it to `tensorflow/core/framework/` and build
@@ -27,7 +27,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, StringConstraints
 
-from orchestrator.model import ModelArtifact
+from orchestrator.model.artifact import ModelArtifact
 from orchestrator.stages import register
 from orchestrator.stages.base import (
     ANY_KIND,
@@ -79,8 +79,7 @@ def _kernel_probe(node: Any) -> Any:
 
 def ops_and_kernels(graph_def: Any) -> tuple[Counter[str], dict[str, set[str]]]:
     """(nodes per op type, op type -> CPU kernel classes; an empty set: none found)."""
-    from orchestrator import tf_adapter
-
+    from orchestrator.model import tf_adapter
     counts: Counter[str] = Counter()
     kernels: dict[str, set[str]] = defaultdict(set)
     seen: set[bytes] = set()
@@ -115,8 +114,8 @@ def _table(ops: dict[str, dict[str, Any]]) -> str:
 def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
     import tensorflow as tf
 
-    from orchestrator import tf_adapter
-    from orchestrator.kinds import unwrapped
+    from orchestrator.model import tf_adapter
+    from orchestrator.model.kinds import unwrapped
 
     opened = unwrapped(given, ctx.model_key)
     if opened.kind == "tflite":
@@ -165,10 +164,10 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
 
 
 def _litert_ops(given: ModelArtifact, opened: ModelArtifact, params: Params) -> StageResult:
-    """A LiteRT model: the builtin ops it needs (see orchestrator.litert_ops)."""
+    """A LiteRT model: the builtin ops it needs (see orchestrator.model.litert_ops)."""
     from importlib.metadata import version
 
-    from orchestrator.litert_ops import selected_ops_files
+    from orchestrator.model.litert_ops import selected_ops_files
 
     assert opened.payload is not None
     files, ops = selected_ops_files(opened.payload, version("ai-edge-litert"))

@@ -20,7 +20,7 @@ Activation ranges are computed at run time by RequantizationRange ops, unless
 constants measured on representative data. `ops` and `exclude_nodes` keep chosen op types
 or nodes in float (an accuracy guard uses them).
 
-Only what TF's eight-bit kernels can run is converted (orchestrator.kernel_support): a
+Only what TF's eight-bit kernels can run is converted (orchestrator.quant.kernel_support): a
 Conv2D with unequal strides, a dilated one, an unsupported broadcast, ... stays float, named
 in a warning with the reason; a Conv1D's strided Conv2D on one row gets equal strides. Ops
 with no eight-bit kernel at all (Sigmoid, Mean, DepthwiseConv2dNative, ...) are named in one
@@ -34,18 +34,18 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field, model_validator
 
-from orchestrator import integer_bias
-from orchestrator import kernel_support as ks
-from orchestrator import quantization as q
-from orchestrator.graph_rewrite import constant_nodes, copy_graph, rename_nodes, reset_node
-from orchestrator.model import node_name
+from orchestrator.quant import integer_bias
+from orchestrator.quant import kernel_support as ks
+from orchestrator.quant import ranges as q
+from orchestrator.model.graph_rewrite import constant_nodes, copy_graph, rename_nodes, reset_node
+from orchestrator.model.artifact import node_name
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 
 if TYPE_CHECKING:
     from tensorflow.core.framework.graph_pb2 import GraphDef
 
-    from orchestrator.model import ModelArtifact
+    from orchestrator.model.artifact import ModelArtifact
 
 _DT_FLOAT = 1
 # GTT converts only ops whose inputs and outputs are all float, and has no per-node
@@ -77,7 +77,7 @@ class Params(StageParams):
     bias_correction: bool = Field(
         True, description="Subtract from each bias after a Conv2D/MatMul/DepthwiseConv2dNative "
         "the mean shift its 8-bit weights cause, measured on the representative data against "
-        "the lineage's float model (orchestrator.bias_correction); skipped without them.")
+        "the lineage's float model (orchestrator.quant.bias_correction); skipped without them.")
     guard: bool = Field(
         False, description="Accuracy guard: measure on evaluation data and keep harmful ops "
         "in float (through `ops`/`exclude_nodes`); applied by the runner.")
@@ -236,7 +236,7 @@ def read_shapes_from_quantized(graph_def: GraphDef) -> int:
 
 _SUFFIXES = {"requant_range": "range", "requantize": "requant", "fallback_min": "min",
              "fallback_max": "max",
-             # orchestrator.integer_bias' accumulator add
+             # orchestrator.quant.integer_bias' accumulator add
              **{part: part for part in ("bias", "span", "steps", "steps_int", "acc", "sum")}}
 _INPUT_KINDS = {"reshape_dims": "dims", "reduction_dims": "axis", "reshape": "flat",
                 "min": "min", "max": "max", "quantize": "quantize"}
@@ -284,8 +284,7 @@ def short_names(graph_def: GraphDef, protected: set[str]) -> dict[str, str]:
 
 
 def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
-    from orchestrator import tf_adapter
-
+    from orchestrator.model import tf_adapter
     graph = copy_graph(artifact.graph_def)
     names = {n.name for n in graph.node}
     missing = [n for n in params.exclude_nodes if n not in names]
@@ -299,7 +298,7 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
     converts = {n.name: n.op in convertible and n.name not in plan.hidden for n in graph.node}
     corrected: tuple[dict, dict] = ({}, {})
     if params.bias_correction:  # only for the ops that will compute with 8-bit weights
-        from orchestrator.bias_correction import correct_for_stage
+        from orchestrator.quant.bias_correction import correct_for_stage
 
         corrected = correct_for_stage(graph, artifact, ctx,
                                       lambda node: converts.get(node.name, False))

@@ -23,15 +23,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 from pydantic import Field
 
-from orchestrator import quantization as q
-from orchestrator.graph_rewrite import GraphIndex, const_value, copy_graph, set_const_value
+from orchestrator.quant import ranges as q
+from orchestrator.model.graph_rewrite import GraphIndex, const_value, copy_graph, set_const_value
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 
 if TYPE_CHECKING:
     from tensorflow.core.framework.graph_pb2 import GraphDef
 
-    from orchestrator.model import ModelArtifact
+    from orchestrator.model.artifact import ModelArtifact
 
 # Warn when less than this share of the weight bytes ends up at 8 bits.
 MIN_QUANTIZED_FRACTION = 0.9
@@ -110,8 +110,7 @@ def widen_degenerate_ranges(graph_def: GraphDef, original: GraphDef) -> list[str
 
 
 def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
-    from orchestrator import tf_adapter
-
+    from orchestrator.model import tf_adapter
     before = q.weight_stats(artifact.graph_def)
     graph = copy_graph(artifact.graph_def)
     hidden = hide_weights(graph, params.exclude_nodes)

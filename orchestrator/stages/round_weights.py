@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 from pydantic import Field
 
-from orchestrator import quantization as q
-from orchestrator.graph_rewrite import const_value, copy_graph
+from orchestrator.quant import ranges as q
+from orchestrator.model.graph_rewrite import const_value, copy_graph
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 
 if TYPE_CHECKING:
-    from orchestrator.model import ModelArtifact
+    from orchestrator.model.artifact import ModelArtifact
 
 _DT_FLOAT = 1
 

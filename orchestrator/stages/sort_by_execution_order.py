@@ -6,7 +6,7 @@ outputs are unchanged.
 
 from __future__ import annotations
 
-from orchestrator.model import ModelArtifact
+from orchestrator.model.artifact import ModelArtifact
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 from orchestrator.stages.transform import apply_transforms

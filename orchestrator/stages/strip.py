@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field, field_validator
 
 from orchestrator.errors import StageError
-from orchestrator.model import ModelArtifact, TensorSpec
+from orchestrator.model.artifact import ModelArtifact, TensorSpec
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 from orchestrator.stages.transform import apply_transforms
@@ -100,7 +100,7 @@ def _set_placeholders(graph_def: GraphDef, specs: list[TensorSpec]) -> None:
 
 
 def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
-    from orchestrator.graph_info import input_spec
+    from orchestrator.model.graph_info import input_spec
 
     by_name = {n.name: n for n in artifact.graph_def.node}
     new_shape = None if params.input_shape is None else tuple(

@@ -6,7 +6,7 @@ A measuring stage: the model passes through unchanged. The summary goes to the r
 
 from __future__ import annotations
 
-from orchestrator.model import ModelArtifact
+from orchestrator.model.artifact import ModelArtifact
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 
@@ -16,7 +16,7 @@ class Params(StageParams):
 
 
 def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
-    from orchestrator.graph_info import summarize
+    from orchestrator.model.graph_info import summarize
 
     summary = summarize(artifact.graph_def, artifact.input_names, list(artifact.outputs))
     return StageResult(artifact=artifact, info={"summary": summary},

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field, field_validator
 
 from orchestrator.errors import StageError
-from orchestrator.model import ModelArtifact, node_name
+from orchestrator.model.artifact import ModelArtifact, node_name
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 
@@ -49,8 +49,7 @@ def apply_transforms(artifact: ModelArtifact, transforms: str) -> GraphDef:
     Raises StageError naming the transforms on TF failures and on lost input/output nodes
     (the runner adds the pipeline and stage).
     """
-    from orchestrator import tf_adapter
-
+    from orchestrator.model import tf_adapter
     outputs = sorted({node_name(o) for o in artifact.outputs})
     try:
         graph_def = tf_adapter.transform_graph(artifact.graph_def, artifact.input_names,

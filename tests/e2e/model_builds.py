@@ -96,7 +96,7 @@ def run_recipe(work: Path, recipe: str) -> tuple[int, dict[str, Any]]:
     module-scoped fixture; returns the exit code and report.json."""
     import pytest
 
-    from orchestrator.cli import main
+    from orchestrator.cli.main import main
 
     (work / "recipe.yaml").write_text(recipe)
     (work / "mlruns").mkdir(exist_ok=True)

@@ -85,7 +85,7 @@ def _elements(const) -> int:  # noqa: ANN001
 def weight_elements(fp32: Path) -> dict[str, int]:
     """Each Conv2D/MatMul of the fp32 graph (the names the guard's settings use): the
     number of values of its weight constant (looking through ExpandDims and Identity)."""
-    from orchestrator.quantization import WEIGHT_OPS
+    from orchestrator.quant.ranges import WEIGHT_OPS
 
     graph = _graph(fp32)
     nodes = {n.name: n for n in graph.node}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 DIGITS = Path(__file__).resolve().parents[2] / "examples" / "digits"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 
 pytestmark = pytest.mark.slow
 

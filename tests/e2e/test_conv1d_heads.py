@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from models_conv1d import OUTPUT_NAMES  # tests/e2e: on sys.path (prepend mode)
 
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 
 MIN_SQNR_DB = 20.0
 
@@ -93,7 +93,7 @@ def conv1d_run(conv1d_model: Path, prefect_server: None) -> dict[str, Any]:
 
 
 def _load(folder: Path) -> Any:
-    from orchestrator.model import ModelArtifact
+    from orchestrator.model.artifact import ModelArtifact
 
     return ModelArtifact.from_bytes((folder / "model.pb").read_bytes(),
                                     (folder / "signature.json").read_text())
@@ -143,7 +143,7 @@ def test_int8_is_selected_where_a_size_budget_excludes_fp32(
 
 
 def test_every_output_is_reported_at_least_20_db(conv1d_run: dict[str, Any]) -> None:
-    from orchestrator.runtime import predict_all
+    from orchestrator.measure.tf_runtime import predict_all
 
     variants = conv1d_run["report"]["variants"]
     for name in ("fp32", "int8"):

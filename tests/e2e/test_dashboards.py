@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 from waiting import wait_for
 
-from orchestrator import prefect_server
-from orchestrator.prefect_server import pid_alive
+from orchestrator.flow import local_server
+from orchestrator.flow.local_server import pid_alive
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = "digits-cnn"
@@ -107,7 +107,7 @@ class Project:
                               timeout=900, check=False)
 
     def server_state(self) -> dict[str, Any] | None:
-        return prefect_server._read_state(self.root / ".orchestrator")
+        return local_server._read_state(self.root / ".orchestrator")
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +126,7 @@ def project(digits_example: Path, tmp_path_factory: pytest.TempPathFactory) -> I
            if k not in ("ORCHESTRATOR_HOME", "MLFLOW_TRACKING_URI", "PREFECT_API_URL")}
     env.update(PREFECT_HOME=str(root.parent / "prefect-home"),
                PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               **{prefect_server.IDLE_ENV: "300"})
+               **{local_server.IDLE_ENV: "300"})
     made = Project(root, env)
     try:
         done = made.orchestrator("run", "recipes/digits.yaml", "--variant", "fp32")
@@ -283,7 +283,7 @@ def test_both_dashboards_show_the_run_by_name(chromium_executable: str, project:
         assert "/#/experiments/" in mlflow and mlflow.endswith(
             "/runs?workflowType=machine_learning&viewStateShareKey=orchestrator-key-metrics"
         ), ui.lines
-        assert prefect == f"{prefect_server.ui_url(shared['api_url'])}runs", ui.lines
+        assert prefect == f"{local_server.ui_url(shared['api_url'])}runs", ui.lines
         started = descendants(ui.process.pid)
         assert started, "no MLflow server below `orchestrator ui`"
 

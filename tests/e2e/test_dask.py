@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from project_env import in_project
 
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "robustness"))

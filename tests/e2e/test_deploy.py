@@ -66,7 +66,7 @@ def python_sigint() -> None:
 
 def test_plan_takes_the_recipes_schedule_unless_the_command_line_overrides_it(
         tmp_path: Path, digits_example: Path) -> None:
-    from orchestrator.deploy import plan_deployments
+    from orchestrator.flow.deployments import plan_deployments
 
     project = make_project(tmp_path)
     recipes = project / "recipes"

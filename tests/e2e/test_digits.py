@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from project_env import in_project
 
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 from orchestrator.stages.benchmark import LATENCY_KEYS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,7 +130,7 @@ def test_int8_meets_the_size_and_accuracy_bounds(digits_run: dict) -> None:
 def test_int8_ships_compact_names_and_keeps_its_interface(digits_run: dict) -> None:
     import re
 
-    from orchestrator.model import ModelArtifact
+    from orchestrator.model.artifact import ModelArtifact
 
     report = digits_run["reports"][0]
     stages = [s["name"] for s in report["variants"]["int8"]["stages"]]
@@ -150,8 +150,8 @@ def test_int8_ships_compact_names_and_keeps_its_interface(digits_run: dict) -> N
 def test_fp32_is_flat_and_matches_the_saved_model(digits_run: dict) -> None:
     import tensorflow as tf
 
-    from orchestrator.model import ModelArtifact
-    from orchestrator.runtime import predict
+    from orchestrator.model.artifact import ModelArtifact
+    from orchestrator.measure.tf_runtime import predict
 
     out = digits_run["work"] / "out1" / "fp32"
     artifact = ModelArtifact.from_bytes((out / "model.pb").read_bytes(),

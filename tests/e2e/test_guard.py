@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import main
-from orchestrator.guard import NOISE_DB
+from orchestrator.cli.main import main
+from orchestrator.engine.guard import NOISE_DB
 
 RECIPE = Path(__file__).resolve().parents[1] / "fixtures" / "recipes" / "guard_tight.yaml"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import model_builds  # tests/e2e: on sys.path (prepend mode)
 import pytest
 
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ import model_builds  # tests/e2e: on sys.path (prepend mode)
 import numpy as np
 import pytest
 
-from orchestrator.guard import NOISE_DB
+from orchestrator.engine.guard import NOISE_DB
 
 pytestmark = pytest.mark.slow
 
@@ -110,8 +110,8 @@ def test_taking_layers_to_float_never_moves_away(photo_run: dict) -> None:
 
 
 def test_the_8bit_graph_is_batch_independent(photo_run: dict) -> None:
-    from orchestrator.model import ModelArtifact
-    from orchestrator.runtime import predict
+    from orchestrator.model.artifact import ModelArtifact
+    from orchestrator.measure.tf_runtime import predict
 
     folder = photo_run["work"] / "out" / "int8"
     model = ModelArtifact.from_bytes((folder / "model.pb").read_bytes(),

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from project_env import in_project
 
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "recipes"
@@ -70,7 +70,7 @@ def _died_run(uri: str, recipe: Path) -> str:
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("digits-cnn").experiment_id
     run = client.create_run(experiment, run_name="digits-cnn@died",
-                            tags={"orchestrator.recipe": str(recipe),
+                            tags={"orchestrator.recipe.loading": str(recipe),
                                   "orchestrator.recipe_name": "digits-cnn"})
     client.log_param(run.info.run_id, "targets", "phone, pi")
     client.log_param(run.info.run_id, "recipe.git_commit", "none")

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 
 pytestmark = pytest.mark.slow
 
@@ -78,7 +78,7 @@ class Records(logging.Handler):
 
 def test_image_folder_with_non_images(digits_example: Path, workspace: Path,
                                       prefect_server: None) -> None:
-    from orchestrator.model import ModelArtifact
+    from orchestrator.model.artifact import ModelArtifact
 
     images = workspace / "images"
     write_image_folder(images)

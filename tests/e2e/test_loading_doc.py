@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from project_env import in_project
 
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "loading.md"
@@ -91,8 +91,8 @@ def test_the_python_loading_code_runs_on_the_shipped_files(digits_run: dict, scr
 
 
 def test_decrypting_without_orchestrator(digits_run: dict, tmp_path: Path) -> None:
-    from orchestrator.encryption import decrypt
-    from orchestrator.keys import parse_key
+    from orchestrator.model.encryption import decrypt
+    from orchestrator.model.keys import parse_key
 
     line = _run_snippet("decrypt_model.py", digits_run["out"] / "mobile", digits_run)
     kind, plaintext = decrypt((digits_run["out"] / "mobile" / "model.enc").read_bytes(),
@@ -108,8 +108,8 @@ def test_decrypting_without_orchestrator(digits_run: dict, tmp_path: Path) -> No
 
 
 def test_the_cpp_decryption_matches(digits_run: dict, tmp_path: Path) -> None:
-    from orchestrator.encryption import decrypt
-    from orchestrator.keys import parse_key
+    from orchestrator.model.encryption import decrypt
+    from orchestrator.model.keys import parse_key
 
     compiler = shutil.which("g++")
     if compiler is None or not Path("/usr/include/openssl/evp.h").is_file():
@@ -162,7 +162,7 @@ def test_the_console_says_what_to_ship_once_in_one_unit(digits_run: dict) -> Non
 
 
 def test_report_json_says_what_was_measured(digits_run: dict) -> None:
-    from orchestrator.report import RAM_HEAP
+    from orchestrator.results.report import RAM_HEAP
 
     variants = digits_run["report"]["variants"]
     # one RAM measure for every kind: the load probe's heap growth, which benchmark measured

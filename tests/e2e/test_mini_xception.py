@@ -58,7 +58,7 @@ def xception_run(bench: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[s
 
 
 def _load(folder: Path) -> Any:
-    from orchestrator.model import ModelArtifact
+    from orchestrator.model.artifact import ModelArtifact
 
     return ModelArtifact.from_bytes((folder / "model.pb").read_bytes(),
                                     (folder / "signature.json").read_text())
@@ -103,7 +103,7 @@ def test_int8_is_at_most_035_of_fp32(bench: Any, xception_run: dict[str, Any]) -
 
 
 def test_int8_agrees_with_fp32(bench: Any, xception_run: dict[str, Any]) -> None:
-    from orchestrator.runtime import predict
+    from orchestrator.measure.tf_runtime import predict
 
     summary = bench.summarize(xception_run["report"])
     with np.load(xception_run["data"]) as data:

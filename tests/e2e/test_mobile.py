@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator import kinds, load_encrypted
-from orchestrator.cli import main
-from orchestrator.keys import key_id
+from orchestrator import load_encrypted
+from orchestrator.model import kinds
+from orchestrator.cli.main import main
+from orchestrator.model.keys import key_id
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,7 +68,7 @@ def test_mobile_pipeline_and_the_key_never_leaks(digits_example: Path, workspace
     # the shipped file runs through load_encrypted, like the int8 model it came from
     data = np.load(ROOT / "examples" / "digits" / "data.npz")
     x = data["x_test"][:32]
-    from orchestrator.runtime import predict
+    from orchestrator.measure.tf_runtime import predict
 
     int8 = kinds.load((out / "int8" / "model.pb").read_bytes(),
                       (out / "int8" / "signature.json").read_text())
@@ -76,8 +77,8 @@ def test_mobile_pipeline_and_the_key_never_leaks(digits_example: Path, workspace
 
     # ops_to_register.h names exactly the op types of the graph the app loads: the
     # package's own, ImmutableConst included (decrypted in memory to read it)
-    from orchestrator.encryption import decrypt
-    from orchestrator.memmap_format import read_package
+    from orchestrator.model.encryption import decrypt
+    from orchestrator.model.memmap_format import read_package
 
     _, package = decrypt((out / "mobile" / "model.enc").read_bytes(), key)
     shipped_ops = {node.op for node in read_package(package).graph_def.node}

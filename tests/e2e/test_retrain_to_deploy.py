@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "digits-nightly"

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from models_separable import INPUT_NAME  # tests/e2e: on sys.path (prepend mode)
 
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 
 MAX_SIZE_RATIO = 0.35
 MIN_AGREEMENT = 0.97
@@ -57,7 +57,7 @@ pipelines:
 
 
 def _load(folder: Path) -> Any:
-    from orchestrator.model import ModelArtifact
+    from orchestrator.model.artifact import ModelArtifact
 
     return ModelArtifact.from_bytes((folder / "model.pb").read_bytes(),
                                     (folder / "signature.json").read_text())
@@ -159,7 +159,7 @@ def test_int8_is_at_most_035_of_fp32_size(separable_run: dict[str, Any]) -> None
 
 
 def test_int8_agrees_with_fp32(separable_run: dict[str, Any]) -> None:
-    from orchestrator.runtime import predict
+    from orchestrator.measure.tf_runtime import predict
 
     report = separable_run["report"]
     fidelity = report["variants"]["int8"]["fidelity"]

@@ -1,4 +1,4 @@
-"""MLflow in its own process (orchestrator.tracking), as runs use it: failures are clear
+"""MLflow in its own process (orchestrator.tracking.worker), as runs use it: failures are clear
 errors, and runs that fail or die are marked FAILED in MLflow."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import main
-from orchestrator.plan import build_plan
-from orchestrator.recipe import load_recipe
-from orchestrator.tracking_client import TrackingClient, TrackingError
+from orchestrator.cli.main import main
+from orchestrator.engine.plan import build_plan
+from orchestrator.recipe.loading import load_recipe
+from orchestrator.tracking.client import TrackingClient, TrackingError
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGITS_RECIPE = ROOT / "recipes" / "digits.yaml"

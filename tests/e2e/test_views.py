@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 
 RECIPE = Path(__file__).resolve().parents[1] / "fixtures" / "recipes" / "views.yaml"
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator import tf_adapter  # noqa: F401  (TF env defaults before TF is imported)
-from orchestrator.model import ModelArtifact, TensorSpec
+from orchestrator.model import tf_adapter  # noqa: F401  (TF env defaults before TF is imported
+from orchestrator.model.artifact import ModelArtifact, TensorSpec
 from orchestrator.stages import StageContext, get_stage
 
 
@@ -38,7 +38,7 @@ def data(folder: str) -> dict[str, np.ndarray]:
 
 @functools.cache
 def fp32(folder: str) -> ModelArtifact:
-    from orchestrator.sources import load_model
+    from orchestrator.model.sources import load_model
 
     artifact = load_model(Path(folder) / "saved_model", "auto",
                           [TensorSpec("image", "float32", (1, 8, 8, 1))], ["probs"])

@@ -11,12 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator import kinds, load_encrypted
-from orchestrator.cli import main
-from orchestrator.encryption import EncryptedFormatError, decrypt, read_header
-from orchestrator.keys import KeyMaterialError, ModelKey, key_id, load_key, parse_key
-from orchestrator.model import ModelArtifact
-from orchestrator.runtime import predict
+from orchestrator import load_encrypted
+from orchestrator.model import kinds
+from orchestrator.cli.main import main
+from orchestrator.model.encryption import EncryptedFormatError, decrypt, read_header
+from orchestrator.model.keys import KeyMaterialError, ModelKey, key_id, load_key, parse_key
+from orchestrator.model.artifact import ModelArtifact
+from orchestrator.measure.tf_runtime import predict
 from orchestrator.stages import StageContext, get_stage
 
 KEY = bytes(range(32))
@@ -205,8 +206,8 @@ def test_keygen(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 def test_cache_key_follows_the_key_id_not_where_it_is(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch,
                                                       digits_example: Path) -> None:
-    from orchestrator.plan import build_plan
-    from orchestrator.recipe import load_recipe
+    from orchestrator.engine.plan import build_plan
+    from orchestrator.recipe.loading import load_recipe
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"version: 1\nname: enc\nmodel:\n  path: {digits_example}/saved_model\n"

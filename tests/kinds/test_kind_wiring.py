@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 from orchestrator.errors import RecipeError
-from orchestrator.recipe import load_recipe
+from orchestrator.recipe.loading import load_recipe
 
 BAD = Path(__file__).resolve().parents[1] / "fixtures" / "recipes"
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,7 +62,7 @@ def test_quantize_nodes_itself_rejects_encrypted(digits_example: Path, tmp_path:
 
 def test_the_table_of_kinds() -> None:
     """Measuring and describing stages take every kind; memmap and encrypt say what they make."""
-    from orchestrator.kinds import KIND_MODULES
+    from orchestrator.model.kinds import KIND_MODULES
     from orchestrator.stages import get_stage
 
     for name in ("benchmark", "evaluate", "ops_header"):

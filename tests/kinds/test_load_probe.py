@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from test_encrypt import context, encrypt, memmapped
 
-from orchestrator import load_probe
-from orchestrator.model import ModelArtifact, TensorSpec
+from orchestrator.measure import load_probe
+from orchestrator.model.artifact import ModelArtifact, TensorSpec
 from orchestrator.stages import get_stage
 
 MB = 1024 * 1024

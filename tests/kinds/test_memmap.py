@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator import kinds
-from orchestrator.cli import main
-from orchestrator.memmap_format import (
+from orchestrator.model import kinds
+from orchestrator.cli.main import main
+from orchestrator.model.memmap_format import (
     ALIGNMENT,
     GRAPH_REGION,
     MemmappedFormatError,
@@ -21,8 +21,8 @@ from orchestrator.memmap_format import (
     tensor_bytes,
     write_runnable,
 )
-from orchestrator.model import ModelArtifact
-from orchestrator.runtime import predict
+from orchestrator.model.artifact import ModelArtifact
+from orchestrator.measure.tf_runtime import predict
 from orchestrator.stages import StageContext, get_stage
 
 POD_SKIP = {"string", "resource", "variant"}
@@ -141,7 +141,7 @@ def test_corrupt_package_is_a_clear_error(damage: str, digits_fp32: ModelArtifac
     elif damage == "tiny":
         data = data[:5]
     else:  # the first region moved off its 64-byte boundary in the directory
-        from orchestrator.tf_adapter import memmapped_directory_proto
+        from orchestrator.model.tf_adapter import memmapped_directory_proto
 
         directory = memmapped_directory_proto()
         directory.ParseFromString(bytes(data[offset:-8]))

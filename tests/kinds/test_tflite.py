@@ -15,14 +15,15 @@ import numpy as np
 import pytest
 from digits_graphs import apply
 
-from orchestrator import kinds, load_encrypted
-from orchestrator.encryption import EncryptedFormatError
+from orchestrator import load_encrypted
+from orchestrator.model import kinds
+from orchestrator.model.encryption import EncryptedFormatError
 from orchestrator.errors import ModelSourceError
-from orchestrator.keys import KeyMaterialError, ModelKey
-from orchestrator.litert_model import describe, interpreter
-from orchestrator.litert_runtime import LiteRTRunner
-from orchestrator.model import ModelArtifact, TensorSpec
-from orchestrator.runtime import open_runner, predict
+from orchestrator.model.keys import KeyMaterialError, ModelKey
+from orchestrator.model.litert_model import describe, interpreter
+from orchestrator.measure.litert_runtime import LiteRTRunner
+from orchestrator.model.artifact import ModelArtifact, TensorSpec
+from orchestrator.measure.tf_runtime import open_runner, predict
 from orchestrator.stages import StageContext, get_stage
 
 KEY = bytes(range(32))
@@ -48,7 +49,7 @@ def lite_io8(digits_fp32: ModelArtifact, digits_data: dict) -> ModelArtifact:
 
 
 def digits_graph(folder: Path, batch: int | None) -> ModelArtifact:
-    from orchestrator.sources import load_model
+    from orchestrator.model.sources import load_model
 
     model = load_model(folder / "saved_model", "auto",
                        [TensorSpec("image", "float32", (batch, 8, 8, 1))], ["probs"])
@@ -193,9 +194,9 @@ def test_a_graphdef_is_not_a_tflite_file(lite: ModelArtifact, digits_fp32: Model
 
 CHECK_SCRIPT = """
 import sys
-from orchestrator import kinds
+from orchestrator.model import kinds
 from orchestrator.errors import ModelSourceError
-from orchestrator.litert_model import describe, interpreter
+from orchestrator.model.litert_model import describe, interpreter
 
 data = open(sys.argv[1], "rb").read()
 artifact = kinds.load(data, '{"kind": "tflite", "inputs": [], "outputs": []}')

@@ -194,8 +194,7 @@ def check_clean_error(code: int, err: str, *names: str | Path, exit_code: int = 
 
 def cli_in_process(args: Sequence[str], capsys: Any) -> tuple[int, str, str]:
     """`orchestrator ARGS` in this process (`cli.main`), with SIGINT at its default."""
-    from orchestrator import cli
-
+    from orchestrator.cli import main as cli
     previous = signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
@@ -209,7 +208,7 @@ def cli_in_process(args: Sequence[str], capsys: Any) -> tuple[int, str, str]:
 # The child restores SIGINT's default handler itself: pytest (or CI) may have started us
 # with SIGINT ignored, which a child would inherit.
 _CHILD = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-          "from orchestrator.cli import console_main; sys.argv[0] = 'orchestrator'; "
+          "from orchestrator.cli.main import console_main; sys.argv[0] = 'orchestrator'; "
           "console_main()")
 
 

@@ -29,7 +29,7 @@ import pytest
 from project_env import in_project
 from robust_helpers import ROOT, cache_entries, partial_cache_entries
 
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 
 pytestmark = pytest.mark.slow
 
@@ -102,7 +102,7 @@ def cluster(request: pytest.FixtureRequest, prefect_api_url: str, tmp_path: Path
            "ORCHESTRATOR_MODEL_KEY": os.environ["ORCHESTRATOR_MODEL_KEY"]}
     with dask.config.set(settings), LocalCluster(
             n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-            silence_logs=logging.ERROR, env=env, preload=["orchestrator.dask_worker"]
+            silence_logs=logging.ERROR, env=env, preload=["orchestrator.flow.dask_preload"]
             ) as local, Client(local) as client:
         yield local, client
 
@@ -199,9 +199,9 @@ def test_kill_9_of_a_worker_mid_stage(digits_example: Path, prefect_server: None
 
 def _stage_keys(recipe: Path) -> dict[str, str]:
     """`pipeline/stage` -> its cache key, as the run plans it."""
-    from orchestrator.plan import build_plan
-    from orchestrator.recipe import load_recipe
-    from orchestrator.session import data_fingerprints
+    from orchestrator.engine.plan import build_plan
+    from orchestrator.recipe.loading import load_recipe
+    from orchestrator.engine.prepared_run import data_fingerprints
 
     loaded = load_recipe(recipe)
     plan = build_plan(loaded, None, data_fingerprints(loaded))
@@ -209,7 +209,7 @@ def _stage_keys(recipe: Path) -> dict[str, str]:
 
 
 def _store(home: Path):  # noqa: ANN202
-    from orchestrator.store import Store
+    from orchestrator.cache.store import Store
 
     return Store(home)
 
@@ -218,7 +218,7 @@ def _models_answer(out: Path, report: dict) -> None:
     """Each variant's shipped graph runs and agrees with the float model on most digits."""
     import tensorflow as tf
 
-    from orchestrator.model import ModelArtifact
+    from orchestrator.model.artifact import ModelArtifact
 
     data = np.load(ROOT / "examples" / "digits" / "data.npz")
     x, y = data["x_test"][:100].astype(np.float32), data["y_test"][:100]

@@ -40,7 +40,7 @@ from robust_helpers import (
 
 from orchestrator import limits
 from orchestrator.errors import OrchestratorError
-from orchestrator.recipe import load_recipe
+from orchestrator.recipe.loading import load_recipe
 
 # Examples per test: 1,300 through the loader in all, 6 through the whole CLI.
 N_TEXT, N_SOUP, N_STRUCTURED, N_MUTATIONS, N_SET, N_CLI = 200, 250, 150, 450, 250, 6

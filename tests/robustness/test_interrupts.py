@@ -33,7 +33,7 @@ from robust_helpers import (
     wait_for,
 )
 
-from orchestrator.project import STORE_ENV
+from orchestrator.cache.project import STORE_ENV
 
 pytestmark = pytest.mark.slow
 
@@ -121,7 +121,7 @@ def test_ctrl_c_at_each_phase(digits_example: Path, tmp_path: Path,
             failures.append(f"{name}: {str(exc)[:1500]}")
 
     def loading(run: Started) -> bool:  # the tracking worker starts as the model loads
-        return any("orchestrator.tracking" in cmd
+        return any("orchestrator.tracking.worker" in cmd
                    for _, cmd in session_processes(run.process.pid))
 
     phase("loading, as the tracking worker starts", loading, interval=0.02,
@@ -145,7 +145,7 @@ def load_probes(home: Path) -> list[int]:
     for entry in Path("/proc").iterdir():
         try:
             if (entry.name.isdigit()
-                    and b"orchestrator.load_probe" in (entry / "cmdline").read_bytes()
+                    and b"orchestrator.measure.load_probe" in (entry / "cmdline").read_bytes()
                     and f"{STORE_ENV}={home}\0".encode() in (entry / "environ").read_bytes()
                     and (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"):
                 found.append(int(entry.name))
@@ -176,7 +176,7 @@ def test_double_ctrl_c_is_as_quiet_as_one(digits_example: Path, tmp_path: Path,
     failures: list[str] = []
 
     def loading(run: Started) -> bool:
-        return any("orchestrator.tracking" in cmd
+        return any("orchestrator.tracking.worker" in cmd
                    for _, cmd in session_processes(run.process.pid))
 
     phases = [("loading", loading, 0.5),
@@ -203,7 +203,7 @@ def test_ctrl_c_while_the_command_exits(digits_example: Path, tmp_path: Path,
     home = tmp_path / ".orchestrator"
     child = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
              "from orchestrator import load_probe; load_probe.start(); "
-             "from orchestrator.cli import console_main; "
+             "from orchestrator.cli.main import console_main; "
              "sys.argv = ['orchestrator', 'schema']; console_main()")
     logs = tmp_path / "logs"
     logs.mkdir()

@@ -20,7 +20,7 @@ from robust_helpers import (
 
 from orchestrator import limits
 from orchestrator.errors import OrchestratorError
-from orchestrator.recipe import load_recipe
+from orchestrator.recipe.loading import load_recipe
 
 BASE = yaml.safe_dump(small_recipe(), sort_keys=False)
 

@@ -24,7 +24,7 @@ from robust_helpers import (
     write_yaml,
 )
 
-from orchestrator.output_folder import MARKER
+from orchestrator.results.output_folder import MARKER
 
 pytestmark = pytest.mark.slow
 
@@ -193,7 +193,7 @@ def test_history_says_what_force_does_for_history(tmp_path: Path,
 def test_a_failed_run_leaves_its_folder_empty(tmp_path: Path) -> None:
     """After a failure (a server lost at the end of a run), none of the recipe's outputs
     stay, nor the marker: the empty folder belongs to no recipe."""
-    from orchestrator.output_folder import discard, owner_of, read_owner, write_marker
+    from orchestrator.results.output_folder import discard, owner_of, read_owner, write_marker
 
     recipe = tmp_path / "recipes" / "mine.yaml"
     recipe.parent.mkdir()

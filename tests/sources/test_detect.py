@@ -8,7 +8,7 @@ import pytest
 from helpers_models import Built
 
 from orchestrator.errors import ModelSourceError
-from orchestrator.sources import detect_format, load_model
+from orchestrator.model.sources import detect_format, load_model
 
 
 def test_detects_each_format(module_sm: Built, keras_files: dict[str, Built],

@@ -10,8 +10,8 @@ from helpers_models import Built, tf1_graph
 from helpers_tf import run
 
 from orchestrator.errors import ModelSourceError
-from orchestrator.model import TensorSpec
-from orchestrator.sources import load_model
+from orchestrator.model.artifact import TensorSpec
+from orchestrator.model.sources import load_model
 
 
 @pytest.mark.parametrize("kind", ["pb", "pbtxt"])

@@ -9,8 +9,8 @@ import pytest
 from helpers_models import Built, multi_io_keras
 from helpers_tf import run
 
-from orchestrator.model import TensorSpec
-from orchestrator.sources import load_model
+from orchestrator.model.artifact import TensorSpec
+from orchestrator.model.sources import load_model
 
 
 @pytest.mark.parametrize("kind", ["keras", "h5"])

@@ -11,8 +11,8 @@ from helpers_models import Built
 from helpers_tf import run
 
 from orchestrator.errors import ModelSourceError
-from orchestrator.model import TensorSpec
-from orchestrator.sources import load_model, saved_model
+from orchestrator.model.artifact import TensorSpec
+from orchestrator.model.sources import load_model, saved_model
 from orchestrator.stages import StageContext
 from orchestrator.stages.freeze import Params as FreezeParams
 from orchestrator.stages.freeze import run as freeze

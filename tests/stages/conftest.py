@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from helpers_tf import run
 
-from orchestrator import tf_adapter  # noqa: F401  (TF env defaults before TF is imported)
-from orchestrator.model import ModelArtifact, TensorSpec
+from orchestrator.model import tf_adapter  # noqa: F401  (TF env defaults before TF is imported
+from orchestrator.model.artifact import ModelArtifact, TensorSpec
 
 FUNCTION_CALL_OPS = {"PartitionedCall", "StatefulPartitionedCall"}
 
@@ -23,7 +23,7 @@ def freeze_function(fn: Callable, input_shape: Sequence[int]) -> ModelArtifact:
     """Trace `fn` on one float32 input named 'input' and freeze it into a ModelArtifact."""
     import tensorflow as tf
 
-    from orchestrator.tf_adapter import convert_to_constants
+    from orchestrator.model.tf_adapter import convert_to_constants
 
     # autograph=False: nothing to convert, and it cannot parse the tests' lambdas.
     traced = tf.function(fn, autograph=False, input_signature=[
@@ -75,7 +75,7 @@ def keras_artifact() -> Callable[[object, Sequence[int]], ModelArtifact]:
 
 
 def run_artifact(artifact: ModelArtifact, x: np.ndarray) -> np.ndarray:
-    """The artifact's first output on `x`, through orchestrator.runtime (grappler off, so
+    """The artifact's first output on `x`, through orchestrator.measure.tf_runtime (grappler off, so
     the graph runs as written)."""
     return run(artifact, x)[0]
 

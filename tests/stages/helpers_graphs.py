@@ -1,6 +1,6 @@
 """Tiny real TF graphs for the freeze/strip/sort/transform/summarize tests.
 
-`assert_same_outputs` runs graphs through orchestrator.runtime (helpers_tf.run).
+`assert_same_outputs` runs graphs through orchestrator.measure.tf_runtime (helpers_tf.run).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from helpers_tf import run
 
-from orchestrator.model import ModelArtifact, TensorSpec
+from orchestrator.model.artifact import ModelArtifact, TensorSpec
 
 
 def assert_same_outputs(before: ModelArtifact, after: ModelArtifact, *inputs: np.ndarray,
@@ -85,8 +85,8 @@ def call_graph() -> ModelArtifact:
 def tf1_loaded(saved_model_dir: Path) -> ModelArtifact:
     """A SavedModel read by the TF1 loader: its graph is one StatefulPartitionedCall (which
     is also the output node) into a library of functions."""
-    from orchestrator.sources._common import build_artifact
-    from orchestrator.sources.saved_model import load_tf1_signature
+    from orchestrator.model.sources._common import build_artifact
+    from orchestrator.model.sources.saved_model import load_tf1_signature
 
     frozen = load_tf1_signature(saved_model_dir)
     return build_artifact(saved_model_dir, "saved_model", frozen, None, None, loader="tf1")

@@ -17,9 +17,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from orchestrator import runtime, tf_adapter  # noqa: F401  (tf_adapter: TF env defaults)
-from orchestrator.model import ModelArtifact, TensorSpec
-from orchestrator.quantization import prune
+from orchestrator.measure import tf_runtime  # noqa: F401  (tf_adapter: TF env defaults
+
+from orchestrator.model import tf_adapter
+from orchestrator.model.artifact import ModelArtifact, TensorSpec
+from orchestrator.quant.ranges import prune
 from orchestrator.stages import StageContext, get_stage
 
 
@@ -28,7 +30,7 @@ def freeze(model: Any, input_shape: Sequence[int | None], input_name: str = "ima
     """Freeze a Keras model's inference call into a flat GraphDef artifact."""
     import tensorflow as tf
 
-    from orchestrator.tf_adapter import convert_to_constants, transform_graph
+    from orchestrator.model.tf_adapter import convert_to_constants, transform_graph
 
     fn = tf.function(lambda x: model(x, training=False), autograph=False, input_signature=[
         tf.TensorSpec(list(input_shape), tf.float32, name=input_name)])
@@ -202,7 +204,7 @@ def apply(name: str, artifact: ModelArtifact, x: np.ndarray | None = None, **par
 
 
 def predict(artifact: ModelArtifact, x: np.ndarray) -> np.ndarray:
-    return runtime.predict(artifact, x)
+    return tf_runtime.predict(artifact, x)
 
 
 def agreement(a: np.ndarray, b: np.ndarray) -> float:

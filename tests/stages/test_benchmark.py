@@ -7,9 +7,9 @@ import os
 import numpy as np
 import pytest
 
-from orchestrator.devices import PRESETS, estimate_latency_ms
-from orchestrator.estimates import estimate
-from orchestrator.model import ModelArtifact, TensorSpec
+from orchestrator.measure.devices import PRESETS, estimate_latency_ms
+from orchestrator.measure.estimates import estimate
+from orchestrator.model.artifact import ModelArtifact, TensorSpec
 from orchestrator.stages import get_stage
 from orchestrator.stages.base import EvaluationData, StageContext
 from orchestrator.stages.benchmark import LATENCY_KEYS, count_flops, latency_stats
@@ -75,7 +75,7 @@ def test_flops_of_a_matmul_are_2mkn_at_batch_one() -> None:
 
 
 def test_quantized_graph_counts_the_same_flops() -> None:
-    from orchestrator.tf_adapter import transform_graph
+    from orchestrator.model.tf_adapter import transform_graph
 
     artifact = matmul_artifact()
     quantized = artifact.replace(graph_def=transform_graph(artifact.graph_def, ["x"], ["y"],

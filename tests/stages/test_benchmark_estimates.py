@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import tf_adapter  # noqa: F401  (TF env defaults before TF is imported)
-from orchestrator.devices import PRESETS
-from orchestrator.model import ModelArtifact, TensorSpec
+from orchestrator.model import tf_adapter  # noqa: F401  (TF env defaults before TF is imported
+from orchestrator.measure.devices import PRESETS
+from orchestrator.model.artifact import ModelArtifact, TensorSpec
 from orchestrator.stages import get_stage
 from orchestrator.stages.base import StageContext
 
@@ -26,7 +26,7 @@ def apply(name: str, artifact: ModelArtifact, **params: object) -> ModelArtifact
 
 @pytest.fixture(scope="module")
 def files(digits_example: Path) -> dict[str, ModelArtifact]:
-    from orchestrator.sources import load_model
+    from orchestrator.model.sources import load_model
 
     graph = load_model(digits_example / "saved_model", "auto",
                        [TensorSpec("image", "float32", (1, 8, 8, 1))], ["probs"])
@@ -46,7 +46,7 @@ def benchmarked(files: dict[str, ModelArtifact]) -> dict[str, dict]:
 
 def test_each_file_is_calibrated_on_its_own_runtime(benchmarked: dict[str, dict],
                                                     files: dict[str, ModelArtifact]) -> None:
-    from orchestrator.litert_model import describe
+    from orchestrator.model.litert_model import describe
 
     pb, lite = benchmarked["pb"]["estimate_basis"], benchmarked["tflite"]["estimate_basis"]
     assert pb["runtime"] == "tensorflow" and lite["runtime"] == "litert"

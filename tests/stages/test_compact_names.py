@@ -7,8 +7,8 @@ import re
 
 import numpy as np
 
-from orchestrator.model import ModelArtifact, TensorSpec
-from orchestrator.runtime import predict
+from orchestrator.model.artifact import ModelArtifact, TensorSpec
+from orchestrator.measure.tf_runtime import predict
 from orchestrator.stages import StageContext, get_stage
 
 
@@ -55,15 +55,14 @@ int8 = quant_fixtures.int8
 
 def _copy(artifact: ModelArtifact) -> ModelArtifact:
     """TF's import_graph_def writes default attrs into the GraphDef it is given: run copies."""
-    from orchestrator.graph_rewrite import copy_graph
+    from orchestrator.model.graph_rewrite import copy_graph
 
     return artifact.replace(graph_def=copy_graph(artifact.graph_def))
 
 
 def test_an_int8_graph_ships_compact_names_and_keeps_its_interface(
         int8: ModelArtifact, digits: dict[str, np.ndarray]) -> None:
-    from orchestrator import tf_adapter
-
+    from orchestrator.model import tf_adapter
     before = int8.graph_def.SerializeToString()
     result = quant_fixtures.apply("compact_names", int8)
     shipped = result.artifact.graph_def

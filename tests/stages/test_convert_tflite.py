@@ -16,7 +16,7 @@ import quant_fixtures
 from quant_fixtures import accuracy, agreement, apply, context, predict
 
 from orchestrator.errors import DataError, ModelSourceError
-from orchestrator.model import ModelArtifact
+from orchestrator.model.artifact import ModelArtifact
 from orchestrator.stages import get_stage
 
 digits = quant_fixtures.digits
@@ -32,7 +32,7 @@ WEIGHTED_OPS = ("CONV_2D", "FULLY_CONNECTED")
 @pytest.fixture(scope="module")
 def graph(digits_example: Path) -> ModelArtifact:
     """The digits example's SavedModel, frozen, stripped and folded (dynamic batch)."""
-    from orchestrator.sources import load_model
+    from orchestrator.model.sources import load_model
 
     model = load_model(digits_example / "saved_model")
     for name in ("freeze", "strip", "fold"):
@@ -114,7 +114,7 @@ def weights(flatbuffer: bytes, op_name: str) -> list[tuple[np.dtype, int]]:
 
 
 def edge_dtypes(flatbuffer: bytes) -> tuple[str, str]:
-    from orchestrator.litert_model import describe
+    from orchestrator.model.litert_model import describe
 
     facts = describe(flatbuffer)
     [given], [out] = facts.inputs, facts.outputs

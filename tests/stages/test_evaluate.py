@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from orchestrator.errors import StageError
-from orchestrator.model import ModelArtifact, TensorSpec
+from orchestrator.model.artifact import ModelArtifact, TensorSpec
 from orchestrator.stages import get_stage
 from orchestrator.stages.base import EvaluationData, StageContext
 from orchestrator.stages.evaluate import (
@@ -191,7 +191,7 @@ def two_heads_artifact(noise: float = 0.0) -> ModelArtifact:
 
 
 def test_every_output_of_a_multi_output_model_is_reported() -> None:
-    from orchestrator.runtime import predict_all
+    from orchestrator.measure.tf_runtime import predict_all
 
     x = np.random.default_rng(3).normal(size=(40, 4)).astype(np.float32)
     source = two_heads_artifact()
@@ -229,7 +229,7 @@ def test_every_output_of_a_multi_output_model_is_reported() -> None:
 def test_only_the_first_output_has_a_reference() -> None:
     """A reference of the first output alone (an older caller): the others are named, and
     said not to be compared."""
-    from orchestrator.runtime import predict
+    from orchestrator.measure.tf_runtime import predict
 
     x = np.random.default_rng(4).normal(size=(8, 4)).astype(np.float32)
     result = evaluate(two_heads_artifact(), labels=None,

@@ -18,7 +18,7 @@ from helpers_graphs import (
 from helpers_tf import module_saved_model, run
 
 from orchestrator.errors import StageError
-from orchestrator.model import ModelArtifact, TensorSpec
+from orchestrator.model.artifact import ModelArtifact, TensorSpec
 from orchestrator.stages import StageContext, get_stage
 from orchestrator.stages.freeze import CONTROL_FLOW_OPS, Params
 from orchestrator.stages.freeze import run as freeze_run
@@ -125,7 +125,7 @@ def test_digits_saved_model_load_freeze_strip(digits_example: Path) -> None:
     """The example end to end: within 1e-5 of the SavedModel's own signature."""
     import tensorflow as tf
 
-    from orchestrator.sources import load_model
+    from orchestrator.model.sources import load_model
     from orchestrator.stages.strip import Params as StripParams
     from orchestrator.stages.strip import run as strip_run
 

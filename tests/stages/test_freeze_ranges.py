@@ -8,10 +8,12 @@ import pytest
 import quant_fixtures
 from quant_fixtures import accuracy, agreement, apply, nodes, ops, predict
 
-from orchestrator import layer_errors, tf_adapter
-from orchestrator.graph_rewrite import const_value
-from orchestrator.model import ModelArtifact
-from orchestrator.quantization import frozen_range, parse_range_log
+from orchestrator.quant import layer_errors
+
+from orchestrator.model import tf_adapter
+from orchestrator.model.graph_rewrite import const_value
+from orchestrator.model.artifact import ModelArtifact
+from orchestrator.quant.ranges import frozen_range, parse_range_log
 from orchestrator.stages import get_stage
 from orchestrator.stages.freeze_ranges import nudged_range
 
@@ -91,7 +93,7 @@ def test_the_frozen_graph_computes_each_sample_as_a_batch_of_one(logged, digits
                                                                  ) -> None:  # noqa: ANN001
     """Before freezing, a run-time QuantizeV2 range spans the whole batch, so a sample's
     result depends on its batch; after, it does not."""
-    from orchestrator.runtime import predict as run
+    from orchestrator.measure.tf_runtime import predict as run
 
     out = apply("freeze_ranges", logged).artifact
     x = digits["x_test"][:32]
@@ -274,7 +276,7 @@ def test_diagnostics_that_cannot_run_cost_a_warning_not_the_model(cnn, logged, d
 
 def test_digits_int8_acceptance(digits_example, digits) -> None:  # noqa: ANN001
     """The digits recipe's int8 chain: <= 1.07 x params bytes, <= 0.01 drop, >= 99% agree."""
-    from orchestrator.sources import load_model
+    from orchestrator.model.sources import load_model
 
     model = load_model(digits_example / "saved_model")
     fp32 = model
@@ -304,7 +306,7 @@ def test_a_log_taken_on_another_graph_is_refused(logged) -> None:  # noqa: ANN00
     changed after log_ranges is refused, not applied."""
     import dataclasses
 
-    from orchestrator.graph_rewrite import copy_graph
+    from orchestrator.model.graph_rewrite import copy_graph
 
     changed = copy_graph(logged.graph_def)
     node = next(n for n in changed.node if n.op == "Const" and n.attr["dtype"].type == 1)

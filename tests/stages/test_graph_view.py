@@ -13,7 +13,7 @@ import pytest
 import quant_fixtures
 from quant_fixtures import apply
 
-from orchestrator.model import ModelArtifact, node_name
+from orchestrator.model.artifact import ModelArtifact, node_name
 from orchestrator.stages import StageContext, get_stage
 from orchestrator.stages.graph_view import EVENTS_FILE
 

@@ -11,9 +11,9 @@ import pytest
 import quant_fixtures
 from quant_fixtures import apply, ops
 
-from orchestrator.model import ModelArtifact, tensor_name
-from orchestrator.quantization import format_range_line, frozen_range, parse_range_log
-from orchestrator.runtime import GraphRunner
+from orchestrator.model.artifact import ModelArtifact, tensor_name
+from orchestrator.quant.ranges import format_range_line, frozen_range, parse_range_log
+from orchestrator.measure.tf_runtime import GraphRunner
 from orchestrator.stages import get_stage
 from orchestrator.stages.log_ranges import run_time_quantizations
 
@@ -220,7 +220,7 @@ def test_qint32_to_float_is_requantization_range_bit_for_bit() -> None:
     """The per-sample conversion must give exactly what the op gives, over wide ranges."""
     import tensorflow as tf
 
-    from orchestrator.quantization import qint32_to_float
+    from orchestrator.quant.ranges import qint32_to_float
 
     rng = np.random.default_rng(0)
     for _ in range(300):

@@ -14,7 +14,7 @@ import quant_fixtures
 from helpers_graphs import tf1_graph
 from quant_fixtures import apply
 
-from orchestrator.model import ModelArtifact, TensorSpec
+from orchestrator.model.artifact import ModelArtifact, TensorSpec
 from orchestrator.stages import get_stage
 from orchestrator.stages.ops_header import Params
 

@@ -10,9 +10,9 @@ import quant_fixtures
 from pydantic import ValidationError
 from quant_fixtures import accuracy, agreement, apply, freeze, nodes, ops, predict
 
-from orchestrator.graph_rewrite import copy_graph
-from orchestrator.model import ModelArtifact, TensorSpec
-from orchestrator.quantization import weight_stats
+from orchestrator.model.graph_rewrite import copy_graph
+from orchestrator.model.artifact import ModelArtifact, TensorSpec
+from orchestrator.quant.ranges import weight_stats
 from orchestrator.stages import get_stage
 
 # Fixtures shared by the eight-bit stage tests: bound here so that pytest finds them.
@@ -30,7 +30,7 @@ def test_cnn_runs_in_eight_bits(cnn, digits) -> None:  # noqa: ANN001
     out = result.artifact
     counts = ops(out)
     assert counts["QuantizedConv2D"] == 2 and counts["QuantizedMatMul"] == 2
-    # each bias is added in its conv/matmul's int32 accumulator (orchestrator.integer_bias)
+    # each bias is added in its conv/matmul's int32 accumulator (orchestrator.quant.integer_bias)
     assert "QuantizedBiasAdd" not in counts and result.info["biases_in_accumulator"] == 4
     assert counts["Bitcast"] == 8 and counts["QuantizedRelu"] == 3
     assert counts["QuantizedMaxPool"] == 1
@@ -161,7 +161,7 @@ def test_input_is_not_mutated(cnn) -> None:  # noqa: ANN001
 def test_no_quantizable_op_warns() -> None:
     import tensorflow as tf
 
-    from orchestrator.quantization import prune
+    from orchestrator.quant.ranges import prune
 
     graph = tf.Graph()
     with graph.as_default():
@@ -186,7 +186,7 @@ def test_params_are_checked() -> None:
         params(fallback_min=1.0, fallback_max=-1.0)
 
 
-# --- what the eight-bit kernels can run (orchestrator.kernel_support) ---------------------
+# --- what the eight-bit kernels can run (orchestrator.quant.kernel_support) ---------------------
 
 def _const(*shape: int) -> object:
     import tensorflow as tf
@@ -197,7 +197,7 @@ def _const(*shape: int) -> object:
 def _one_op_graph(shape: list[int], fn) -> ModelArtifact:  # noqa: ANN001
     import tensorflow as tf
 
-    from orchestrator.quantization import prune
+    from orchestrator.quant.ranges import prune
 
     graph = tf.Graph()
     with graph.as_default():
@@ -305,8 +305,7 @@ def test_what_the_kernels_run_is_converted(case: str) -> None:
 def _plain_conversion(model: ModelArtifact, x: np.ndarray, expected: np.ndarray | None) -> str:
     """What GTT's quantize_nodes alone makes of a one-op graph in TF 2.21: "float" (left
     alone), "fails" (to build or to run), "wrong" (other values or shape) or "ok"."""
-    from orchestrator import tf_adapter
-
+    from orchestrator.model import tf_adapter
     try:
         graph = tf_adapter.transform_graph(model.graph_def, ["x"], ["y"], "quantize_nodes")
         if not [n for n in graph.node if n.op.startswith("Quantized")]:
@@ -356,7 +355,7 @@ def test_what_the_kernels_cannot_run_stays_float(case: str) -> None:
     (None, [3], False),                          # unknown rank
 ])
 def test_broadcast_rule(a, b, ok: bool) -> None:  # noqa: ANN001
-    from orchestrator.kernel_support import broadcast_supported
+    from orchestrator.quant.kernel_support import broadcast_supported
 
     assert broadcast_supported(a, b) is ok
     assert broadcast_supported(b, a) is ok
@@ -503,7 +502,7 @@ def test_ops_without_kernel_are_named_in_one_warning() -> None:
 
 
 def test_all_excluded_is_counted_not_called_none(cnn) -> None:  # noqa: ANN001
-    from orchestrator.quantization import QUANTIZABLE_OPS
+    from orchestrator.quant.ranges import QUANTIZABLE_OPS
 
     quantizable = [n.name for n in cnn.graph_def.node if n.op in QUANTIZABLE_OPS]
 

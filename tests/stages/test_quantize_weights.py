@@ -9,10 +9,10 @@ import quant_fixtures
 from pydantic import ValidationError
 from quant_fixtures import agreement, apply, nodes, ops, predict
 
-from orchestrator.graph_rewrite import const_value, copy_graph
-from orchestrator.model import ModelArtifact, TensorSpec
+from orchestrator.model.graph_rewrite import const_value, copy_graph
+from orchestrator.model.artifact import ModelArtifact, TensorSpec
 from orchestrator.stages import get_stage
-from orchestrator.tf_adapter import transform_graph
+from orchestrator.model.tf_adapter import transform_graph
 
 # Fixtures shared by the eight-bit stage tests: bound here so that pytest finds them.
 cnn = quant_fixtures.cnn
@@ -101,7 +101,7 @@ def zero_bias_cnn() -> ModelArtifact:
     Mean -> MatMul -> BiasAdd(all-zero bias). Untrained batch norms fold to such biases."""
     import tensorflow as tf
 
-    from orchestrator.quantization import prune
+    from orchestrator.quant.ranges import prune
 
     rng = np.random.default_rng(0)
     graph = tf.Graph()

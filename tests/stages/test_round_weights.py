@@ -8,8 +8,8 @@ import numpy as np
 import quant_fixtures
 from quant_fixtures import agreement, apply, predict
 
-from orchestrator.graph_rewrite import const_value, copy_graph
-from orchestrator.quantization import const_elements
+from orchestrator.model.graph_rewrite import const_value, copy_graph
+from orchestrator.quant.ranges import const_elements
 from orchestrator.stages.round_weights import round_values
 
 # Fixtures shared by the eight-bit stage tests: bound here so that pytest finds them.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from helpers_graphs import assert_same_outputs, noisy_graph, rand
 
-from orchestrator.model import ModelArtifact, node_name
+from orchestrator.model.artifact import ModelArtifact, node_name
 from orchestrator.stages import StageContext, get_stage
 from orchestrator.stages.sort_by_execution_order import Params, run
 

@@ -9,7 +9,7 @@ from helpers_tf import run
 from pydantic import ValidationError
 
 from orchestrator.errors import StageError
-from orchestrator.model import ModelArtifact, TensorSpec
+from orchestrator.model.artifact import ModelArtifact, TensorSpec
 from orchestrator.stages import StageContext, get_stage
 from orchestrator.stages.strip import Params
 from orchestrator.stages.strip import run as strip_run

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from helpers_graphs import call_graph, noisy_graph, tf1_graph
 
-from orchestrator import graph_info
-from orchestrator.model import TensorSpec
+from orchestrator.model import graph_info
+from orchestrator.model.artifact import TensorSpec
 from orchestrator.stages import StageContext, get_stage
 from orchestrator.stages.summarize import Params, run
 

@@ -1,0 +1,53 @@
+"""Do a run's slow imports while the Prefect server boots.
+
+A first run waits seconds for the local Prefect server to boot in its own process, and
+used to import TensorFlow only after that, to load the model. `run` does it first, in the
+main thread, while the server boots: when the run has stages to compute, it calls the
+`prepare` hooks of the stages still to run (the load probe's process starts importing
+TensorFlow on the other core) and imports TensorFlow; every run then imports matplotlib
+(it draws the report's pictures). A run with everything cached imports no TensorFlow: it
+needs none. The main thread, not a background one: a Ctrl-C during an import is then the
+ordinary KeyboardInterrupt (exit 130), never an interpreter torn down under a thread
+still loading TensorFlow's libraries.
+
+A problem with the recipe's files or the store is left for the run itself to find and
+report; an interrupt is the run's (exit 130).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from orchestrator.recipe.loading import LoadedRecipe
+
+log = logging.getLogger(__name__)
+
+
+def run(loaded: LoadedRecipe, store_root: Path | str, variants: list[str] | None,
+        use_cache: bool, prepare: bool = True) -> None:
+    """The warm-up; returns once its imports are done (they are needed next anyway).
+    `prepare=False`: the stages run in other processes (Dask workers), each of which calls
+    the hooks itself; a load probe started here would import TensorFlow for nothing."""
+    from orchestrator.errors import OrchestratorError
+    from orchestrator.engine.node_run import pending, prepare_stages
+    from orchestrator.engine.plan import build_plan
+    from orchestrator.results.plots import pyplot
+    from orchestrator.engine.prepared_run import data_fingerprints
+    from orchestrator.cache.store import open_store
+
+    try:
+        plan = build_plan(loaded, variants, data_fingerprints(loaded))
+        store = open_store(store_root) if use_cache else None
+        to_compute = prepare_stages(plan, store) if prepare else pending(plan, store)
+    except (OrchestratorError, OSError, ValueError) as exc:  # the run reports them
+        log.debug("warm-up without a plan: %s", exc)
+        to_compute = True
+        store = None
+    if store is None or not store.has_model(plan.source_key) or to_compute:
+        importlib.import_module("orchestrator.model.tf_adapter")  # first: TF's env defaults
+        importlib.import_module("tensorflow")  # else the run needs no TensorFlow
+    pyplot()

@@ -1,0 +1,216 @@
+"""Small GraphDef helpers for stages that rewrite graphs themselves.
+
+Generic on purpose: name parsing, producer/consumer lookups, reading and writing `Const`
+values, and removing nodes. Rewrites mutate a GraphDef in place, so a stage works on a
+`copy_graph` of its input and never on the input itself. After a rewrite that adds, removes
+or renames nodes, build a fresh `GraphIndex`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from orchestrator.model.artifact import node_name
+
+if TYPE_CHECKING:
+    from tensorflow.core.framework.graph_pb2 import GraphDef
+    from tensorflow.core.framework.node_def_pb2 import NodeDef
+
+
+def copy_graph(graph_def: GraphDef) -> GraphDef:
+    """A deep copy, so that rewriting it leaves the caller's GraphDef untouched."""
+    from tensorflow.core.framework import graph_pb2
+
+    copy = graph_pb2.GraphDef()
+    copy.CopyFrom(graph_def)
+    return copy
+
+
+def is_control_input(name: str) -> bool:
+    return name.startswith("^")
+
+
+def data_inputs(node: NodeDef) -> list[str]:
+    """The node's data inputs (control inputs `^name` left out), in order."""
+    return [name for name in node.input if not is_control_input(name)]
+
+
+def control_inputs(node: NodeDef) -> list[str]:
+    return [name for name in node.input if is_control_input(name)]
+
+
+def output_index(name: str) -> int:
+    """'node' / 'node:0' -> 0, 'node:2' -> 2."""
+    _, _, index = name.lstrip("^").partition(":")
+    return int(index) if index else 0
+
+
+def op_counts(graph_def: GraphDef) -> dict[str, int]:
+    """Op type -> number of nodes, most frequent first."""
+    return dict(Counter(node.op for node in graph_def.node).most_common())
+
+
+@dataclass
+class GraphIndex:
+    """Name -> node and name -> consumers (data and control) of one GraphDef.
+
+    A snapshot: rebuild it after changing the graph's structure.
+    """
+
+    graph_def: GraphDef
+    nodes: dict[str, NodeDef]
+    consumers: dict[str, list[NodeDef]]
+
+    @classmethod
+    def build(cls, graph_def: GraphDef) -> GraphIndex:
+        nodes = {node.name: node for node in graph_def.node}
+        consumers: dict[str, list[NodeDef]] = {name: [] for name in nodes}
+        for node in graph_def.node:
+            for name in node.input:
+                consumers.setdefault(node_name(name), []).append(node)
+        return cls(graph_def, nodes, consumers)
+
+    def producer(self, input_name: str) -> NodeDef | None:
+        """The node behind an input reference such as 'conv:0' or '^init'."""
+        return self.nodes.get(node_name(input_name))
+
+    def only_consumer_is(self, name: str, consumer: NodeDef) -> bool:
+        """Whether `consumer` is the one node that reads `name` (data or control)."""
+        readers = self.consumers.get(name, [])
+        return len(readers) == 1 and readers[0] is consumer
+
+    def resolve_const(self, input_name: str) -> NodeDef | None:
+        """The `Const` behind an input, looking through `Identity` chains; else None."""
+        node = self.producer(input_name)
+        seen: set[str] = set()
+        while node is not None and node.op == "Identity" and node.name not in seen:
+            seen.add(node.name)
+            node = self.producer(data_inputs(node)[0]) if data_inputs(node) else None
+        if node is None or node.op != "Const" or output_index(input_name) != 0:
+            return None
+        return node
+
+    def const_input(self, input_name: str) -> np.ndarray | None:
+        """The value of a constant input, or None when the input is not constant."""
+        const = self.resolve_const(input_name)
+        return None if const is None else const_value(const)
+
+
+def const_value(node: NodeDef) -> np.ndarray:
+    """The value of a `Const` node as a numpy array."""
+    import tensorflow as tf
+
+    return tf.make_ndarray(node.attr["value"].tensor)
+
+
+def set_const_value(node: NodeDef, value: np.ndarray) -> None:
+    """Overwrite a `Const` node's value (and dtype) in place."""
+    import tensorflow as tf
+
+    value = np.asarray(value)
+    node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value))
+    node.attr["dtype"].type = tf.as_dtype(value.dtype).as_datatype_enum
+
+
+def make_const(name: str, value: np.ndarray) -> NodeDef:
+    """A new `Const` node holding `value` (its dtype is the array's)."""
+    from tensorflow.core.framework import node_def_pb2
+
+    node = node_def_pb2.NodeDef(name=name, op="Const")
+    set_const_value(node, value)
+    return node
+
+
+def reset_node(node: NodeDef, op: str, inputs: list[str]) -> None:
+    """Turn `node` into another op in place (name kept), with `inputs` and no attributes yet."""
+    node.op = op
+    del node.input[:]
+    node.input.extend(inputs)
+    node.attr.clear()
+
+
+def unique_name(taken: Iterable[str], base: str) -> str:
+    """`base`, or `base_1`, `base_2`... whichever is not taken yet."""
+    taken = set(taken)
+    if base not in taken:
+        return base
+    suffix = 1
+    while f"{base}_{suffix}" in taken:
+        suffix += 1
+    return f"{base}_{suffix}"
+
+
+def remove_nodes(graph_def: GraphDef, names: Iterable[str]) -> None:
+    """Delete the named nodes in place. References to them are the caller's business."""
+    names = set(names)
+    for position in reversed(range(len(graph_def.node))):
+        if graph_def.node[position].name in names:
+            del graph_def.node[position]
+
+
+def prune_orphans(graph_def: GraphDef, candidates: Iterable[str],
+                  keep: Iterable[str] = ()) -> set[str]:
+    """Remove candidates that nothing reads any more, then their inputs that become unread.
+
+    Only nodes a rewrite left behind are candidates, so unrelated dangling nodes (which
+    summarize_graph would report as outputs) stay. Placeholders and `keep` are never removed.
+    Returns the removed names.
+    """
+    keep = set(keep)
+    index = GraphIndex.build(graph_def)
+    removed: set[str] = set()
+    pending = list(candidates)
+    while pending:
+        name = pending.pop()
+        node = index.nodes.get(name)
+        if node is None or name in removed or name in keep or node.op == "Placeholder":
+            continue
+        if any(reader.name not in removed for reader in index.consumers.get(name, [])):
+            continue
+        removed.add(name)
+        pending.extend(node_name(inp) for inp in node.input)
+    remove_nodes(graph_def, removed)
+    return removed
+
+
+def rename_nodes(graph_def: GraphDef, mapping: dict[str, str]) -> None:
+    """Rename nodes and every reference to them, in place; `x:0` inputs become `x`."""
+    for node in graph_def.node:
+        node.name = mapping.get(node.name, node.name)
+        for i, inp in enumerate(node.input):
+            hat = "^" if inp.startswith("^") else ""
+            name, _, port = inp.lstrip("^").partition(":")
+            name = mapping.get(name, name)
+            node.input[i] = f"{hat}{name}" if port in ("", "0") else f"{name}:{port}"
+
+
+def constant_nodes(graph_def: GraphDef) -> set[str]:
+    """Names of the nodes whose value does not depend on any input (pure ops on Consts)."""
+    from orchestrator.model import tf_adapter
+    nodes = {n.name: n for n in graph_def.node}
+    state: dict[str, bool] = {}
+    for root in nodes:
+        stack = [(root, False)]
+        while stack:  # iterative post-order: graphs can be deep
+            name, expanded = stack.pop()
+            if name in state:
+                continue
+            node = nodes.get(name)
+            if node is None:
+                state[name] = False
+                continue
+            deps = [node_name(i) for i in node.input]
+            if not expanded:
+                stack.append((name, True))
+                stack.extend((d, False) for d in deps if d not in state)
+                continue
+            op_def = tf_adapter.op_def(node.op)
+            pure = op_def is not None and not op_def.is_stateful and node.op != "Placeholder"
+            state[name] = pure and (node.op == "Const" or (
+                bool(deps) and all(state.get(d, False) for d in deps)))
+    return {name for name, value in state.items() if value}

@@ -1,0 +1,307 @@
+"""Shared helpers of the 8-bit stages: graph surgery, range logs and percentiles.
+
+The range-log format and the percentile rule follow TensorFlow's Graph Transform Tool
+(insert_logging and freeze_requantization_ranges) exactly, so that a log written here is
+accepted by TF's own transform and gives the same frozen ranges.
+
+TensorFlow is imported only inside functions.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from orchestrator.model.artifact import node_name
+
+if TYPE_CHECKING:
+    from tensorflow.core.framework.graph_pb2 import GraphDef
+    from tensorflow.core.framework.node_def_pb2 import NodeDef
+
+# Float op types GTT's quantize_nodes converts (GetQuantizedOpList in quantize_nodes.cc).
+QUANTIZABLE_OPS: tuple[str, ...] = (
+    "Add", "AvgPool", "BiasAdd", "Concat", "Conv2D", "Conv2DBackpropInput", "MatMul",
+    "MaxPool", "Mul", "Relu", "Relu6", "Reshape", "ResizeBilinear")
+# The quantizable ops that carry weights: usually the most harmful in 8 bits.
+WEIGHT_OPS: tuple[str, ...] = ("MatMul", "Conv2D", "Conv2DBackpropInput")
+
+LOG_MESSAGE = "__requant_min_max:"
+PRINT_SUFFIX = "__print__"
+# The classic logging transform (SPEC section 5); first_n=0 keeps the Print ops silent,
+# since log_ranges fetches the range tensors directly instead of reading stderr.
+INSERT_LOGGING = (f'insert_logging(op=RequantizationRange, show_name=true, '
+                  f'message="{LOG_MESSAGE}", first_n=0)')
+# Range values in the log: 9 significant digits read back (strtof) as the same float32.
+LOG_VALUE_FORMAT = ".9g"
+
+
+# The metadata key of the digest of the graph a range log was taken on (log_ranges): a
+# log applies to that graph only (freeze_ranges checks it).
+LOGGED_GRAPH = "min_max_log_graph"
+
+
+# --- graph helpers ------------------------------------------------------------------------
+
+def graph_digest(graph_def: GraphDef) -> str:
+    """SHA-256 of the graph's deterministic serialization."""
+    import hashlib
+
+    return hashlib.sha256(graph_def.SerializeToString(deterministic=True)).hexdigest()
+
+
+def const_elements(node: NodeDef) -> int:
+    """Number of elements of a Const node, from its shape (no decoding)."""
+    return math.prod(d.size for d in node.attr["value"].tensor.tensor_shape.dim)
+
+
+def make_const(name: str, value: np.ndarray, dtype: Any = None) -> NodeDef:
+    """A Const node holding `value` (dtype: a tf.DType, default from the array)."""
+    import tensorflow as tf
+    from tensorflow.core.framework import node_def_pb2
+
+    tensor = tf.make_tensor_proto(value, dtype=dtype)
+    node = node_def_pb2.NodeDef(name=name, op="Const")
+    node.attr["dtype"].type = tensor.dtype
+    node.attr["value"].tensor.CopyFrom(tensor)
+    return node
+
+
+def op_counts(graph_def: GraphDef) -> dict[str, int]:
+    """Op type -> number of nodes, by op name."""
+    counts: dict[str, int] = defaultdict(int)
+    for node in graph_def.node:
+        counts[node.op] += 1
+    return dict(sorted(counts.items()))
+
+
+def prune(graph_def: GraphDef, inputs: Sequence[str], outputs: Sequence[str]) -> GraphDef:
+    """Keep only the nodes the outputs need (data and control edges) plus the inputs.
+
+    Node order is preserved. Returns a new GraphDef; `graph_def` is untouched.
+    """
+    from tensorflow.core.framework import graph_pb2
+
+    nodes = {n.name: n for n in graph_def.node}
+    keep: set[str] = set()
+    stack = [node_name(o) for o in outputs] + [node_name(i) for i in inputs]
+    while stack:
+        name = stack.pop()
+        if name in keep or name not in nodes:
+            continue
+        keep.add(name)
+        stack.extend(node_name(i) for i in nodes[name].input)
+    out = graph_pb2.GraphDef()
+    out.versions.CopyFrom(graph_def.versions)
+    out.library.CopyFrom(graph_def.library)
+    out.node.extend(n for n in graph_def.node if n.name in keep)
+    return out
+
+
+def unique_name(base: str, taken: set[str]) -> str:
+    """`base`, or `base_`, `base__`, ... whichever is not in `taken` (which it joins)."""
+    name = base
+    while name in taken:
+        name += "_"
+    taken.add(name)
+    return name
+
+
+@dataclass(frozen=True)
+class WeightStats:
+    """Float vs 8-bit constant bytes of a graph."""
+
+    float_bytes: int          # bytes still stored as float32
+    quantized_bytes: int      # bytes stored as quint8 (one per element)
+    quantized_elements: int
+    float_elements: int
+
+    @property
+    def quantized_fraction(self) -> float:
+        """Share of the weight elements stored at 8 bits (1.0 when there are none)."""
+        total = self.quantized_elements + self.float_elements
+        return self.quantized_elements / total if total else 1.0
+
+
+def weight_stats(graph_def: GraphDef) -> WeightStats:
+    """Counts float32 and quint8 Const elements (scalars and int consts are not weights)."""
+    from tensorflow.core.framework import types_pb2
+
+    f_el = q_el = 0
+    for node in graph_def.node:
+        if node.op != "Const":
+            continue
+        dtype = node.attr["dtype"].type
+        n = const_elements(node)
+        if n <= 1:
+            continue  # scalars: quantization ranges and hyper-parameters, not weights
+        if dtype == types_pb2.DT_FLOAT:
+            f_el += n
+        elif dtype in (types_pb2.DT_QUINT8, types_pb2.DT_QINT8):
+            q_el += n
+    return WeightStats(float_bytes=4 * f_el, quantized_bytes=q_el,
+                       quantized_elements=q_el, float_elements=f_el)
+
+
+# --- range logs -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RangeRecord:
+    """One logged range: the RequantizationRange node's name and its min/max outputs."""
+
+    node: str
+    min: float
+    max: float
+
+
+def format_float(value: float) -> str:
+    """Shortest text that parses back (strtof) to the same float32."""
+    return str(np.float32(value))
+
+
+def format_range_line(node: str, lo: float, hi: float) -> str:
+    """`;<node>__print__;__requant_min_max:[<min>][<max>]`, as insert_logging prints it."""
+    return (f";{node}{PRINT_SUFFIX};{LOG_MESSAGE}"
+            f"[{float(lo):{LOG_VALUE_FORMAT}}][{float(hi):{LOG_VALUE_FORMAT}}]")
+
+
+def _parse_float(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return float(np.float32(value))
+
+
+def parse_range_log(text: str) -> list[RangeRecord]:
+    """The range records of a log, with the same rules as TF's ExtractMinMaxRecords.
+
+    Lines that are not range logs are ignored, so a whole console log may be passed.
+    """
+    records = []
+    marker = PRINT_SUFFIX + ";" + LOG_MESSAGE
+    for line in text.split("\n"):
+        if marker not in line:
+            continue
+        parts = line.split(";")
+        index = None
+        for i in range(1, len(parts)):
+            if parts[i].startswith(LOG_MESSAGE):
+                index = i
+        if index is None:
+            continue
+        pieces = parts[index].split("[")
+        if len(pieces) != 3 or pieces[0] != LOG_MESSAGE:
+            continue
+        lo_parts, hi_parts = pieces[1].split("]"), pieces[2].split("]")
+        if len(lo_parts) != 2 or len(hi_parts) != 2:
+            continue
+        lo, hi = _parse_float(lo_parts[0]), _parse_float(hi_parts[0])
+        name = parts[index - 1]
+        if lo is None or hi is None or not name.endswith(PRINT_SUFFIX):
+            continue
+        records.append(RangeRecord(name[: -len(PRINT_SUFFIX)], lo, hi))
+    return records
+
+
+def _round_half_away(value: np.float32) -> int:
+    """std::round on a float32 (exact: the sum is taken in float64)."""
+    v = float(value)
+    return int(math.floor(v + 0.5)) if v >= 0 else -int(math.floor(-v + 0.5))
+
+
+def percentile_indices(count: int, min_percentile: float,
+                       max_percentile: float) -> tuple[int, int]:
+    """Indices into the sorted mins and maxes that freeze_requantization_ranges picks.
+
+    Same float32 arithmetic and rounding as the C++ transform.
+    """
+    n = np.float32(count)
+    lo = _round_half_away(n * (np.float32(min_percentile) / np.float32(100.0)))
+    hi = _round_half_away(n * (np.float32(1.0) - np.float32(max_percentile) / np.float32(100.0)))
+    return max(lo, 0), min(hi, count - 1)
+
+
+def frozen_range(mins: Sequence[float], maxs: Sequence[float], min_percentile: float,
+                 max_percentile: float) -> tuple[float, float]:
+    """The (min, max) freeze_requantization_ranges freezes for one node's records."""
+    lo, hi = percentile_indices(len(mins), min_percentile, max_percentile)
+    return (float(np.sort(np.asarray(mins, np.float32))[lo]),
+            float(np.sort(np.asarray(maxs, np.float32))[hi]))
+
+
+def group_ranges(records: Iterable[RangeRecord]) -> dict[str, tuple[list[float], list[float]]]:
+    """node -> (mins, maxs), nodes in order of first appearance."""
+    grouped: dict[str, tuple[list[float], list[float]]] = {}
+    for record in records:
+        mins, maxs = grouped.setdefault(record.node, ([], []))
+        mins.append(record.min)
+        maxs.append(record.max)
+    return grouped
+
+
+def range_table(ranges: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+                min_percentile: float, max_percentile: float) -> list[dict[str, Any]]:
+    """Per node: record count, overall min/max, and the frozen range at these percentiles."""
+    rows = []
+    for node, (mins, maxs) in ranges.items():
+        lo, hi = frozen_range(mins, maxs, min_percentile, max_percentile)
+        rows.append({"node": node, "count": len(mins), "min": float(np.min(mins)),
+                     "max": float(np.max(maxs)), "frozen_min": lo, "frozen_max": hi,
+                     "min_percentile": min_percentile, "max_percentile": max_percentile})
+    return rows
+
+
+def table_csv(rows: Sequence[dict[str, Any]]) -> str:
+    """The range table as CSV text (header row first)."""
+    out = io.StringIO()
+    fields = ["node", "count", "min", "max", "frozen_min", "frozen_max",
+              "min_percentile", "max_percentile"]
+    writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: (format_float(v) if isinstance(v, float) else v)
+                         for k, v in row.items()})
+    return out.getvalue()
+
+
+# --- eight-bit arithmetic --------------------------------------------------------------------
+
+def qint32_to_float(values: np.ndarray, range_min: float, range_max: float) -> np.ndarray:
+    """TF's QuantizedToFloat<qint32> (quantization_utils.h), bit for bit, on int32 values.
+
+    Used to turn per-sample qint32 minima/maxima into the floats RequantizationRange
+    would report for that sample.
+    """
+    rmin, rmax = np.float32(range_min), np.float32(range_max)
+    values = np.asarray(values)
+    if rmin == rmax:
+        return np.full(values.shape, rmin, dtype=np.float32)
+    steps = float(1 << 32)
+    span = float(np.float32(rmax - rmin)) * (steps / (steps - 1.0))
+    scale = span / steps
+    scale_f = np.float32(scale)
+    rounded = np.float32(_round_half_away(np.float32(rmin / scale_f)))
+    min_rounded = float(np.float32(rounded * scale_f))
+    # static_cast<double>(qint32) goes through QInt32's float conversion: float32 first.
+    offset = values.astype(np.float32).astype(np.float64) + float(1 << 31)
+    return (min_rounded + offset * scale).astype(np.float32)
+
+
+def float_to_quint8(values: np.ndarray, range_min: float, range_max: float) -> np.ndarray:
+    """TF's FloatTensorToQuantizedInPlace<quint8> (quantization_utils.h): the MIN_FIRST
+    quantization quantize_weights stores, in float32 arithmetic; returns uint8 values."""
+    rmin, rmax = np.float32(range_min), np.float32(range_max)
+    if rmin == rmax:
+        return np.zeros(np.shape(values), dtype=np.uint8)
+    scale = np.float32(255.0 / float(np.float32(rmax - rmin)))
+    scaled = (np.asarray(values, dtype=np.float32) * scale).astype(np.float64)
+    rounded = np.sign(scaled) * np.floor(np.abs(scaled) + 0.5)  # std::round, exact in float64
+    min_scaled = np.float32(_round_half_away(np.float32(rmin * scale)))
+    return np.clip(rounded - min_scaled, 0, 255).astype(np.uint8)

@@ -1,0 +1,100 @@
+"""Stages a recipe gets by default, without listing them: an 8-bit lineage (one with
+quantize_nodes) ships compact node names, so `compact_names` goes after its last graphdef
+transform unless the lineage lists it or keeps its names (`keep_names`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pydantic import BaseModel
+
+from orchestrator.recipe.checks import lineage
+from orchestrator.recipe.models import Recipe
+
+# Added after the last graphdef transform of an 8-bit lineage: the shipped file's names.
+DEFAULT_COMPACTION = "compact_names"
+# What makes a lineage one that ships compact names by default.
+COMPACTED_AFTER = "quantize_nodes"
+
+
+def _compaction_point(entries: list[tuple[str, BaseModel]], kind: str) -> int | None:
+    """The index just after the last stage of `entries` that turns a graphdef into a
+    graphdef (`kind` is what the pipeline starts from), or None if there is none."""
+    from orchestrator.stages import get_stage
+
+    point = None
+    for index, (name, _) in enumerate(entries):
+        stage = get_stage(name)
+        if stage.kind == "transform" and kind == "graphdef" and stage.produces in (
+                None, "graphdef"):
+            point = index + 1
+        kind = stage.produces or kind
+    return point
+
+
+def _start_kinds(recipe: Recipe, stages: Mapping[str, list[tuple[str, BaseModel]]]
+                 ) -> dict[str, str]:
+    """The artifact kind each pipeline starts from (the source is a graphdef)."""
+    from orchestrator.stages import get_stage
+
+    starts: dict[str, str] = {}
+    ends: dict[str, str] = {}
+    for name in recipe.pipelines:
+        for pipeline in lineage(recipe.pipelines, name):
+            if pipeline in ends:
+                continue
+            parent = recipe.pipelines[pipeline].from_
+            kind = starts[pipeline] = ends[parent] if parent else "graphdef"
+            for stage_name, _ in stages[pipeline]:
+                kind = get_stage(stage_name).produces or kind
+            ends[pipeline] = kind
+    return starts
+
+
+def keeps_names(recipe: Recipe, pipeline: str) -> bool:
+    """`keep_names` as it applies to `pipeline`: its own, else its nearest ancestor's."""
+    for name in reversed(lineage(recipe.pipelines, pipeline)):
+        if recipe.pipelines[name].keep_names is not None:
+            return bool(recipe.pipelines[name].keep_names)
+    return False
+
+
+def default_compactions(recipe: Recipe, stages: Mapping[str, list[tuple[str, BaseModel]]]
+                        ) -> dict[str, int]:
+    """Where compact_names goes by default: pipeline -> index to insert it at.
+
+    A lineage with quantize_nodes ships compact names: its last pipeline to transform the
+    graph gets compact_names after its last graphdef transform, so that it comes after
+    freeze_ranges (whose diagnostics, like the accuracy guard, match nodes by their float
+    names) and before memmap or encrypt. Not where the lineage lists compact_names itself,
+    where keep_names is true, or where a `from:` child transforms the graph further (it
+    looks nodes up by name: the child gets compact_names then).
+    """
+    starts = _start_kinds(recipe, stages)
+    points = {name: _compaction_point(stages[name], starts[name]) for name in recipe.pipelines}
+    added: dict[str, int] = {}
+    for name in recipe.pipelines:
+        chain = lineage(recipe.pipelines, name)
+        listed = [s for p in chain for s, _ in stages[p]]
+        point = points[name]
+        if point is None or COMPACTED_AFTER not in listed or DEFAULT_COMPACTION in listed \
+                or keeps_names(recipe, name):
+            continue
+        if any(points[other] is not None and name in lineage(recipe.pipelines, other)[:-1]
+               for other in recipe.pipelines):
+            continue  # a descendant transforms the graph further: it compacts instead
+        added[name] = point
+    return added
+
+
+def add_default_stages(recipe: Recipe, stages: dict[str, list[tuple[str, BaseModel]]]
+                       ) -> dict[str, list[int]]:
+    """Insert the stages a recipe gets by default (compact_names, see default_compactions)
+    into `stages`; returns pipeline -> the indices they got."""
+    from orchestrator.stages import get_stage
+
+    added = default_compactions(recipe, stages)
+    for name, index in added.items():
+        stages[name].insert(index, (DEFAULT_COMPACTION, get_stage(DEFAULT_COMPACTION).params()))
+    return {name: [index] for name, index in added.items()}

@@ -1,0 +1,293 @@
+"""A run's output folder belongs to one recipe and holds one run's outputs.
+
+`.orchestrator-recipe` in the folder (JSON: the recipe's name and path) names the recipe
+that owns it. A run of another recipe there, or into a folder of other files, is exit 2
+before anything is written, unless `--force`. A run replaces the folder's contents whole:
+the outputs are built in a hidden folder inside it, then, with Ctrl-C held, the old
+entries move out and the new ones in (renames within one folder), so that the folder holds
+the previous run's outputs or this run's, never a mix of the two; stale files of earlier
+runs (a variant since removed from the recipe, a picture no longer drawn) do not survive.
+A failed run leaves none of its folder's outputs: a stale report.json must not pass for it.
+
+The folder itself is never renamed (a shell whose working directory it is, a mount point
+or a symlink stay valid); a partial run (`--variant`) replaces it whole too, as report.json
+then lists only what that run made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.errors import OutputError
+
+MARKER = ".orchestrator-recipe"
+# hidden working folders of a run: this one's, or another run's that is still writing
+_WORKING = (".staging-", ".old-", ".orchestrator-probe-", ".history-")
+# what an earlier version (before the marker) wrote besides a report.json: `history`
+_UNMARKED_OURS = {"history.png"}
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The recipe an output folder belongs to: its name and file (absolute, normalized).
+    The marker holds the file relative to the folder: a project moved or cloned elsewhere
+    with its outputs still owns them."""
+
+    name: str
+    path: str
+
+    def shown(self) -> str:
+        return f"'{self.name}' ({_short(self.path)})"
+
+
+def _short(path: str) -> str:
+    """`path` relative to the working directory when that is shorter."""
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:
+        return path
+    return relative if len(relative) < len(path) else path
+
+
+def owner_of(recipe_name: str, recipe_path: Path | str) -> Owner:
+    return Owner(recipe_name, os.path.realpath(recipe_path))
+
+
+class _Unreadable:
+    """A marker file that is not one we wrote (damaged, or not JSON)."""
+
+
+def read_owner(folder: Path) -> Owner | _Unreadable | None:
+    """The recipe named by `folder`'s marker; None without one."""
+    try:
+        data = json.loads((folder / MARKER).read_text())
+        path = os.path.join(os.path.abspath(folder), str(data["recipe_path"]))
+        return Owner(str(data["recipe"]), os.path.normpath(path))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return _Unreadable()
+
+
+def _entries(folder: Path) -> list[str]:
+    """The folder's entries but its marker and runs' working folders."""
+    return sorted(name for name in os.listdir(folder)
+                  if name != MARKER and not name.startswith(_WORKING))
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    path, folder = Path(os.path.abspath(path)), Path(os.path.abspath(folder))
+    return path == folder or folder in path.parents
+
+
+# what --force does where a folder holds another recipe's outputs: `run` replaces them
+REPLACES = "pass --force to replace its contents"
+
+
+@dataclass(frozen=True)
+class Protected:
+    """A path no output folder may hold (the recipe, the project, the store, MLflow's
+    folder), nor, when `within`, lie inside (a folder the orchestrator itself manages)."""
+
+    path: Path
+    what: str
+    within: bool = False
+
+
+def protected_paths(root: Path, recipe_path: Path | str) -> list[Protected]:
+    """What `run` and `history` never write into: the recipe, the project, the store and
+    MLflow's local folder; nor inside the store, or inside MLflow's own folder (`mlruns/`,
+    or a file store; a sqlite file's folder may hold anything). A folder that holds the
+    project (ORCHESTRATOR_HOME=.) is no folder of ours: outputs may go inside it."""
+    from orchestrator.cache.project import STORE_ENV, local_tracking_folder, store_dir, tracking_uri
+
+    protected = [Protected(Path(recipe_path), "the recipe"), Protected(root, "the project")]
+    store = store_dir(root)
+    if isinstance(store, Path):
+        protected.append(Protected(store, f"the store ({STORE_ENV})",
+                                   within=not _inside(root, store)))
+    uri = tracking_uri(root)
+    tracking = local_tracking_folder(uri)
+    if tracking is not None:
+        own = not os.environ.get("MLFLOW_TRACKING_URI") or not uri.startswith("sqlite:")
+        protected.append(Protected(tracking, "MLflow's folder",
+                                   within=own and not _inside(root, tracking)))
+    return protected
+
+
+def check(folder: Path, owner: Owner, force: bool,
+          protected: Sequence[Protected | tuple[Path, str]] = (),
+          force_does: str = REPLACES) -> None:
+    """Exit 2 (OutputError) when a run of `owner` must not replace `folder`'s contents:
+    it holds one of `protected` (the recipe, the project, the store: never, even with
+    force) or lies inside one that is `within`, or it holds another recipe's outputs or
+    other files (unless `force`; `force_does` says what --force does for the command)."""
+    for item in protected:
+        item = item if isinstance(item, Protected) else Protected(*item)
+        if _inside(item.path, folder):
+            raise OutputError(
+                f"cannot be the output folder: it holds {item.what} ({item.path}), and a run "
+                "replaces its output folder's contents whole; choose another folder with -o",
+                file=str(folder))
+        if item.within and _inside(folder, item.path):
+            raise OutputError(
+                f"cannot be the output folder: it is inside {item.what} ({item.path}), "
+                "which the orchestrator manages; choose another folder with -o",
+                file=str(folder))
+    try:
+        if not folder.is_dir():
+            return  # missing (created by the run), or not a folder (check_folders says so)
+        entries = _entries(folder)
+    except OSError:
+        return  # unreadable: check_folders names the reason
+    found = read_owner(folder)
+    if found is None and entries:
+        found = _unmarked_owner(folder, entries, owner)
+    if not entries or _same_recipe(found, owner):
+        return
+    if found is None:
+        shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more"
+                                         if len(entries) > 3 else "")
+        holds = f"files that are not a recipe's outputs ({shown})"
+    elif isinstance(found, _Unreadable):
+        holds = f"a damaged {MARKER} (the name of the recipe whose outputs it holds)"
+    else:
+        holds = f"the outputs of recipe {found.shown()}"
+    if force:
+        return
+    raise OutputError(f"this output folder holds {holds}, not of recipe {owner.shown()}, "
+                      "and a folder holds one recipe's outputs: choose another with -o, or "
+                      f"{force_does}", file=str(folder))
+
+
+def _same_recipe(found: Owner | _Unreadable | None, owner: Owner) -> bool:
+    """The marker names this recipe: its name, and its file (or a file that is gone: the
+    recipe was moved or renamed)."""
+    return (isinstance(found, Owner) and found.name == owner.name
+            and (found.path == owner.path or not os.path.exists(found.path)))
+
+
+def _unmarked_owner(folder: Path, entries: list[str], owner: Owner) -> Owner | None:
+    """Who owns a folder an earlier version wrote, before the marker: the recipe its
+    report.json names (a folder of `history`'s chart only: this one)."""
+    if set(entries) <= _UNMARKED_OURS:
+        return owner
+    try:
+        report = json.loads((folder / "report.json").read_text())
+        return Owner(str(report["recipe"]), os.path.realpath(str(report["recipe_path"])))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def write_marker(folder: Path, owner: Owner, final: Path | None = None) -> None:
+    """The marker naming `owner` in `folder` (atomically: a reader sees the old marker or
+    the new), its path relative to `final`, the folder it ends up in (default `folder`)."""
+    tmp = folder / f".staging-marker-{uuid.uuid4().hex}"  # not mkstemp: the umask's mode
+    try:
+        with open(tmp, "x") as handle:
+            json.dump({"recipe": owner.name, "recipe_path": os.path.relpath(
+                owner.path, os.path.abspath(final or folder))}, handle)
+            handle.write("\n")
+        os.replace(tmp, folder / MARKER)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+@contextmanager
+def replacing(folder: Path, owner: Owner) -> Iterator[Path]:
+    """An empty folder to build the run's outputs in; when the block ends without an
+    error, `folder`'s contents are replaced by it, marker included. An OSError of either
+    step is an OutputError naming `folder`; a folder this created is removed on failure."""
+    from orchestrator.paths import describe_os_error
+
+    created = not folder.exists()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        built = Path(tempfile.mkdtemp(dir=folder, prefix=".staging-"))
+    except OSError as exc:
+        raise OutputError(f"cannot write the outputs to {folder}: {describe_os_error(exc)}",
+                          file=str(folder)) from exc
+    done = False
+    try:
+        try:
+            yield built
+            write_marker(built, owner, final=folder)
+            _swap_in(folder, built)
+            done = True
+        except OutputError as exc:  # name the folder the user gave, not our hidden one
+            raise OutputError(exc.message.replace(str(built), str(folder)),
+                              file=str(folder)) from exc
+        except OSError as exc:
+            raise OutputError(f"cannot write the outputs to {folder}: "
+                              f"{describe_os_error(exc)}", file=str(folder)) from exc
+    finally:
+        shutil.rmtree(built, ignore_errors=True)
+        if created and not done:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
+def _swap_in(folder: Path, built: Path) -> None:
+    """Move `folder`'s entries out (report.json first) and `built`'s in (report.json
+    last), with Ctrl-C held; a rename that fails puts back what had moved."""
+    from orchestrator.cache.store import interrupts_deferred
+
+    old = Path(tempfile.mkdtemp(dir=folder, prefix=".old-"))
+    outgoing = sorted(_entries(folder), key=lambda name: name != "report.json")
+    if (folder / MARKER).exists():
+        outgoing.append(MARKER)
+    incoming = sorted(os.listdir(built), key=lambda name: name == "report.json")
+    moved: list[tuple[Path, Path]] = []
+    try:
+        with interrupts_deferred():
+            try:
+                for name in outgoing:
+                    os.rename(folder / name, old / name)
+                    moved.append((folder / name, old / name))
+                for name in incoming:
+                    os.rename(built / name, folder / name)
+                    moved.append((built / name, folder / name))
+            except OSError:
+                for source, target in reversed(moved):
+                    with contextlib.suppress(OSError):
+                        os.rename(target, source)
+                raise
+    finally:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def discard(folder: Path, owner: Owner) -> None:
+    """After a failed run: none of the folder's outputs stay, nor its marker (a failed run
+    leaves nothing behind; an empty folder belongs to no recipe). A folder of another
+    recipe's (a forced run) loses what its report.json lists, as before the marker."""
+    from orchestrator.results.report import discard_outputs
+    from orchestrator.cache.store import interrupts_deferred
+
+    if not _same_recipe(read_owner(folder), owner):
+        discard_outputs(folder)
+        return
+    try:
+        old = Path(tempfile.mkdtemp(dir=folder, prefix=".old-"))
+    except OSError:
+        discard_outputs(folder)  # cannot write there: remove what it can
+        return
+    try:
+        with interrupts_deferred():
+            for name in sorted(_entries(folder), key=lambda name: name != "report.json"):
+                with contextlib.suppress(OSError):
+                    os.rename(folder / name, old / name)
+            with contextlib.suppress(OSError):  # the marker last: the outputs went first
+                os.rename(folder / MARKER, old / MARKER)
+    finally:
+        shutil.rmtree(old, ignore_errors=True)

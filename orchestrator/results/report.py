@@ -1,0 +1,631 @@
+"""report.json, budget gates, target selection and the console summary.
+
+Every number in the report is measured in this run (or read from the cache entry of the run
+that measured it); estimates are labelled as such (`est_latency_ms`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import re
+import shutil
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from orchestrator.model import kinds
+from orchestrator.measure.budgets import MB, broken_kinds, check_budgets
+from orchestrator.errors import OutputError
+from orchestrator.engine.node_run import NodeOutcome, RunData
+from orchestrator.formatting import (
+    SIZE_UNIT_NOTE,
+    apart,
+    format_count,
+    format_ms,
+    format_size,
+)
+from orchestrator.limits import name_problem
+from orchestrator.paths import describe_os_error
+from orchestrator.engine.plan import Plan
+from orchestrator.cache.store import interrupts_deferred
+
+
+def _merged(outcomes: list[NodeOutcome]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Later stages win: the last benchmark/evaluate of a pipeline is its measurement."""
+    metrics: dict[str, Any] = {}
+    info: dict[str, Any] = {}
+    for outcome in outcomes:
+        metrics.update(outcome.metrics)
+        info.update(outcome.info)
+    return metrics, info
+
+
+RAM_HEAP = ("heap growth, measured: the RssAnon growth of a fresh process that loads the "
+            "file and runs it once (what the OS counts against an app)")
+RAM_TRACED = ("traced peak: the peak of live tensors in a traced run (weights, inputs, "
+              "intermediates); the load probe measured no heap growth")
+RAM_SIZE = "model size: add benchmark to measure"
+# what the RAM figure is, in a word or two: the column's and the budget message's name
+RAM_MEASURES = {RAM_HEAP: "heap growth", RAM_TRACED: "traced peak", RAM_SIZE: "file size"}
+
+
+def _ram(info: Mapping[str, Any], size_bytes: int) -> dict[str, Any]:
+    """The RAM the budgets read, one definition for every kind: the load probe's measured
+    heap growth (benchmark runs it for every kind), else the traced peak of live tensors,
+    else the file's size; `ram_source` says which, `ram_measure` in a word."""
+    growth = (info.get("memory") or {}).get("anon_growth_mb")
+    if isinstance(growth, int | float):
+        found = {"ram_bytes": max(int(round(growth * MB)), 0), "ram_source": RAM_HEAP}
+    elif info.get("peak_memory_bytes"):
+        found = {"ram_bytes": int(info["peak_memory_bytes"]), "ram_source": RAM_TRACED}
+    else:
+        found = {"ram_bytes": size_bytes, "ram_source": RAM_SIZE}
+    return {**found, "ram_measure": RAM_MEASURES[found["ram_source"]]}
+
+
+# The sentence a layer diagnostic (freeze_ranges, convert_tflite) ends with: turn the guard on
+GUARD_ADVICE = re.compile(r"\.\s+Where a quality budget breaks, the guard \(.*$", re.DOTALL)
+
+
+def guard_on(nodes: list[Any]) -> bool:
+    """Whether a pipeline's own stages turn the accuracy guard on (quantize_nodes' or
+    convert_tflite's `guard: true`)."""
+    return any(getattr(node.params, "guard", False) is True for node in nodes)
+
+
+def without_guard_advice(diagnostic: str) -> str:
+    """The diagnostic without its advice to turn the guard on (the pipeline has it on)."""
+    return GUARD_ADVICE.sub("", diagnostic)
+
+
+def build_variant(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, NodeOutcome],
+                  devices: Mapping[str, Any]) -> dict[str, Any]:
+    from orchestrator.measure.devices import precision_of
+    from orchestrator.measure.estimates import estimate
+
+    nodes = plan.pipelines[name]
+    own = [outcomes[n.id] for n in nodes if n.id in outcomes]
+    metrics, info = _merged(own)
+    # diagnostics: what a stage found that changed nothing (report.json and the page);
+    # advice to turn the guard on is dropped where the pipeline has it on already
+    guarded = guard_on(nodes)
+    diagnostics = [without_guard_advice(d) if guarded else d
+                   for o in own for d in o.info.get("diagnostics") or []]
+    facts = data.model_facts(plan.final_model_key(name))
+    accuracy = metrics.get("accuracy")
+    source_accuracy = metrics.get("source_accuracy") if accuracy is not None else None
+    variant: dict[str, Any] = {
+        "artifact": f"{name}/{kinds.file_name(facts.get('kind', kinds.DEFAULT_KIND))}",
+        **facts,
+        "flops": info.get("flops"),
+        "latency_ms": info.get("latency_ms"),
+        "accuracy": accuracy,
+        "source_accuracy": source_accuracy,
+        "accuracy_drop": (None if accuracy is None or source_accuracy is None
+                          else round(source_accuracy - accuracy, 6)),
+        "fidelity": metrics.get("fidelity"),
+        **_ram(info, int(facts["size_bytes"])),
+        # benchmark knows the runtime's precision (a tflite's mode); else the graph's ops
+        "precision": info.get("precision") or precision_of(facts["ops"]),
+        "metrics": {k: v for k, v in metrics.items() if isinstance(v, int | float)},
+        "warnings": [w for o in own for w in o.warnings],
+        "diagnostics": diagnostics,
+        "stages": [{"name": o.node.stage, "seconds": round(o.seconds, 4), "cached": o.cached,
+                    # when this run's task ran it (epoch s): overlaps show parallel stages
+                    "started": round(o.started, 3), "finished": round(o.finished, 3),
+                    **({"warnings": o.warnings} if o.warnings else {})} for o in own],
+    }
+    for key in ("ranges", "memmap", "encryption", "outputs", "layer_errors", "float_nodes",
+                "bias_correction", "equalized", "host", "threads", "threads_matrix",
+                "profile", "latency_runs_ms", "memory", "estimate_basis"):
+        if key in info:
+            variant[key] = info[key]
+    keyed = [n for n in nodes if n.key_id is not None and n.key_id in plan.keys]
+    if keyed:  # where this run's key came from (a cached result may have had another source)
+        variant["encryption"] = {**variant.get("encryption", {}), "key_id": keyed[-1].key_id,
+                                 "key_source": plan.keys[keyed[-1].key_id].source}
+    targets: dict[str, Any] = {}
+    for target in plan.recipe.recipe.targets:
+        device = devices[target.name]
+        # FLOPs at the device's speed + the runtime's cost measured on this host (estimates)
+        made = estimate(variant["flops"], device, variant["precision"],
+                        info.get("estimate_basis"))
+        est = None if made is None else round(made.latency_ms, 4)
+        violations = check_budgets(variant, target.budgets, est, device)
+        targets[target.name] = {"device": device.name, "est_latency_ms": est,
+                                **({"estimate": made.to_json()} if made else {}),
+                                "budgets_ok": not violations, "violations": violations}
+    variant["targets"] = targets
+    return variant
+
+
+# Estimates within this share of the lowest cannot tell variants apart: the measured host
+# latency decides among them (then the size).
+ESTIMATE_TIE = 0.10
+
+
+# A host measurement this much faster than another's is a real difference, not noise.
+MEASURED_NOISE = 0.10
+
+
+def _estimate(variant: Mapping[str, Any], target: str) -> float:
+    est = variant["targets"][target]["est_latency_ms"]
+    return float("inf") if est is None else float(est)
+
+
+def _measured(variant: Mapping[str, Any]) -> float:
+    p50 = (variant.get("latency_ms") or {}).get("p50")
+    return float("inf") if p50 is None else float(p50)
+
+
+def select(variants: Mapping[str, Mapping[str, Any]], target_names: list[str]
+           ) -> dict[str, str | None]:
+    """Per target: among the variants meeting every budget, those whose estimated latency
+    is within ESTIMATE_TIE of the lowest; of these the fastest measured on this host, then
+    the smallest. None when no variant meets the budgets."""
+    selected: dict[str, str | None] = {}
+    for target in target_names:
+        ok = {name: v for name, v in variants.items() if v["targets"][target]["budgets_ok"]}
+        if not ok:
+            selected[target] = None
+            continue
+        lowest = min(_estimate(v, target) for v in ok.values())
+        close = [(name, v) for name, v in ok.items()
+                 if _estimate(v, target) <= lowest * (1 + ESTIMATE_TIE)]
+        selected[target] = min(close, key=lambda item: (_measured(item[1]),
+                                                        item[1]["size_bytes"], item[0]))[0]
+    return selected
+
+
+def selection_reasons(variants: Mapping[str, Mapping[str, Any]],
+                      selected: Mapping[str, str | None]) -> dict[str, dict[str, str]]:
+    """Per target and variant, why it was or was not selected, in the words of the rule
+    `select` applies: every budget met, the lowest estimated latency, the measured host
+    latency among estimates that tie, then the size. Where the estimate and this host's
+    measurement rank two variants the opposite way, the reason says so. Timings and sizes
+    as formatting shows them everywhere (µs/ms, MiB)."""
+    reasons: dict[str, dict[str, str]] = {}
+    for target, chosen in selected.items():
+        why: dict[str, str] = {}
+        best = variants[chosen] if chosen is not None else None
+        for name, variant in variants.items():
+            result = variant["targets"][target]
+            if not result["budgets_ok"]:
+                why[name] = "breaks a budget: " + "; ".join(result["violations"])
+                continue
+            est, measured = _estimate(variant, target), _measured(variant)
+            if best is None:
+                continue
+            if name == chosen:
+                why[name] = _chosen_reason(name, variants, target)
+                continue
+            best_est, best_measured = _estimate(best, target), _measured(best)
+            both_measured = math.isfinite(measured) and math.isfinite(best_measured)
+            if est > best_est * (1 + ESTIMATE_TIE):
+                mine, theirs = _ms_pair(est, best_est)
+                why[name] = (f"meets every budget, but {name}'s estimated latency "
+                             f"{mine} > {chosen}'s {theirs}")
+                if both_measured and measured < best_measured * (1 - MEASURED_NOISE):
+                    mine, theirs = _ms_pair(measured, best_measured)
+                    why[name] += (f". Measured on this host it is the faster one "
+                                  f"({mine} vs {theirs} p50): the estimate for the device "
+                                  "and this host's measurement disagree")
+            elif both_measured and measured > best_measured:
+                mine, theirs = _ms_pair(est, best_est)
+                host_mine, host_theirs = _ms_pair(measured, best_measured)
+                why[name] = (f"meets every budget, estimated latency close to {chosen}'s "
+                             f"({mine} vs {theirs}), but slower measured on this "
+                             f"host ({host_mine} vs {host_theirs} p50)")
+            else:
+                mine, theirs = apart(variant["size_bytes"], best["size_bytes"], format_size)
+                why[name] = (f"meets every budget, same estimated latency as {chosen}, "
+                             f"but larger ({mine} vs {theirs})")
+        reasons[target] = why
+    return reasons
+
+
+def _chosen_reason(name: str, variants: Mapping[str, Mapping[str, Any]], target: str) -> str:
+    """Why `select` chose `name`, naming only the steps of its rule that decided: the
+    lowest estimate; the host measurement only where another estimate is within
+    ESTIMATE_TIE of it; the size only where the measurement tied too."""
+    ok = {n: v for n, v in variants.items() if v["targets"][target]["budgets_ok"]}
+    others = [n for n in ok if n != name]
+    if not others:
+        return "selected: meets every budget; the only variant that does"
+    est, measured = _estimate(ok[name], target), _measured(ok[name])
+    lowest = min(ok, key=lambda n: (_estimate(ok[n], target), n))
+    floor = _estimate(ok[lowest], target)
+    close = [n for n in others if _estimate(ok[n], target) <= floor * (1 + ESTIMATE_TIE)]
+    parts = ["selected: meets every budget"]
+    if not math.isfinite(est):
+        parts.append("no variant has an estimated latency (add benchmark to the pipelines)")
+    elif est <= floor:
+        parts.append(f"lowest estimated latency ({format_ms(est)} est.)")
+    else:
+        mine, theirs = _ms_pair(est, floor)
+        parts.append(f"estimated latency {mine}, within {ESTIMATE_TIE:.0%} of the lowest "
+                     f"({lowest}'s {theirs})")
+    slower = [n for n in close if _measured(ok[n]) > measured]
+    if slower and math.isfinite(est):
+        if est <= floor:  # which estimates are within the tie, not said yet
+            parts.append(f"within {ESTIMATE_TIE:.0%} of it: " + ", ".join(
+                f"{n} ({format_ms(_estimate(ok[n], target))} est.)" for n in close))
+        vs = ", ".join(f"{n}'s {format_ms(_measured(ok[n]))}" for n in slower)
+        parts.append(f"the fastest measured on this host ({format_ms(measured)} p50 vs {vs})")
+    tied = [n for n in close if _measured(ok[n]) == measured]  # unmeasured ones tie too
+    if tied:
+        mine, theirs = apart(ok[name]["size_bytes"], min(ok[n]["size_bytes"] for n in tied),
+                             format_size)
+        parts.append(f"then the smallest of {', '.join([name, *tied])} ({mine} vs {theirs})")
+    return "; ".join(parts)
+
+
+def _ms_pair(first: float, second: float) -> tuple[str, str]:
+    """Two timings, 3 significant digits, more where 3 would print them equal."""
+    if not (math.isfinite(first) and math.isfinite(second)):
+        return format_ms(first if math.isfinite(first) else None), format_ms(
+            second if math.isfinite(second) else None)
+    return apart(first, second, format_ms)
+
+
+def build_report(plan: Plan, data: RunData, outcomes: Mapping[str, NodeOutcome],
+                 devices: Mapping[str, Any], variants: list[str], run_id: str | None
+                 ) -> dict[str, Any]:
+    built = {name: build_variant(name, plan, data, outcomes, devices) for name in variants}
+    for variant in built.values():  # which budgets broke: the cells the report marks
+        for result in variant["targets"].values():
+            result["broken"] = broken_kinds(result["violations"])
+    selected = select(built, [t.name for t in plan.recipe.recipe.targets])
+    return {"recipe": plan.recipe.recipe.name,
+            "recipe_path": str(plan.recipe.path),
+            "targets": {t.name: {"device": devices[t.name].name,
+                                 "budgets": t.budgets.model_dump(exclude_none=True)}
+                        for t in plan.recipe.recipe.targets},
+            "mlflow_run_id": run_id,
+            "data": data_summary(plan),
+            "data_fingerprints": dict(plan.fingerprints),
+            "variants": built,
+            "selected": selected,
+            "selection_reasons": selection_reasons(built, selected)}
+
+
+def data_summary(plan: Plan) -> dict[str, Any]:
+    """Per data role: its source and the inputs skipped (non-image files in a folder)."""
+    from orchestrator.data import skipped_files
+
+    summary: dict[str, Any] = {}
+    for role in ("representative", "evaluation"):
+        source = getattr(plan.recipe.recipe.data, role)
+        if source is None:
+            continue
+        skipped = skipped_files(source, plan.recipe.base_dir)
+        summary[role] = {"source": source.source, "skipped_inputs": len(skipped),
+                         "skipped_files": skipped}
+    return summary
+
+
+def write_outputs(built: Path, final: Path, plan: Plan, data: RunData,
+                  outcomes: Mapping[str, NodeOutcome], report: Mapping[str, Any]) -> None:
+    """DIR/<pipeline>/ (the model file of its kind, signature.json, stage files),
+    DIR/report.json and the page, written into `built`: the empty folder that
+    output_folder.replacing swaps in whole as `final` (so the page links relative to
+    `final`). A folder that cannot be written (full, read-only) is an OutputError naming
+    `final`."""
+    from orchestrator.results.page import report_files
+
+    pictures, warnings = report_files(report, final)
+    for warning in warnings:  # the run succeeded: its pictures are not worth failing it
+        print(f"warning: {warning}", file=sys.stderr)
+    report["page_files"] = sorted(pictures)  # type: ignore[index]
+    try:
+        for name in report["variants"]:
+            _write_variant(built / name, name, plan, data, outcomes)
+        for name, content in pictures.items():
+            (built / name).write_bytes(content)
+        (built / "report.json").write_text(json.dumps(report, indent=2, default=_jsonable))
+    except OSError as exc:
+        raise OutputError(f"cannot write the outputs to {final}: {describe_os_error(exc)}",
+                          file=str(final)) from exc
+
+
+def discard_outputs(out_dir: Path) -> None:
+    """After a failed run: report.json and the variant folders it lists go together (Ctrl-C
+    held), so that neither a stale report nor models without one pass for this run."""
+    report_path = out_dir / "report.json"
+    with interrupts_deferred():
+        try:
+            old = json.loads(report_path.read_text())
+            names = [n for n in old["variants"] if name_problem(n) is None]  # never a path
+            page_files = [n for n in old.get("page_files") or []
+                          if name_problem(n) is None]  # out of DIR
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            names, page_files = [], []
+        try:
+            report_path.unlink(missing_ok=True)
+        except OSError:
+            return  # an unwritable folder: nothing of this run is in it either
+        for name in names:
+            shutil.rmtree(out_dir / name, ignore_errors=True)
+        for name in page_files:
+            with contextlib.suppress(OSError):
+                (out_dir / name).unlink()
+
+
+def _write_variant(folder: Path, name: str, plan: Plan, data: RunData,
+                   outcomes: Mapping[str, NodeOutcome]) -> None:
+    """One variant's folder (inside the staging folder: plain writes suffice)."""
+    folder.mkdir(parents=True)
+    key = plan.final_model_key(name)
+    if key in data.unstored_models:
+        artifact = data.unstored_models[key]
+        (folder / kinds.file_name(artifact.kind)).write_bytes(kinds.to_bytes(artifact))
+        (folder / "signature.json").write_text(artifact.signature_json())
+    else:  # copy the stored bytes: no need to parse the graph
+        stored = data.store.model_path(key)
+        shutil.copyfile(stored, folder / stored.name)
+        shutil.copyfile(data.store.signature_path(key), folder / "signature.json")
+    for node in plan.pipelines[name]:
+        outcome = outcomes.get(node.id)
+        if outcome is None or not data.store.has(node.key):
+            continue
+        for file_name in outcome.files:
+            target = folder / file_name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(data.store.file_path(node.key, file_name), target)
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _fmt(value: Any, spec: str = "") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _min_sqnr(variant: Mapping[str, Any]) -> str:
+    """'23.1 (onset)': the lowest SQNR of the outputs that are not class scores."""
+    rows = [r for r in variant.get("outputs") or [] if r.get("kind") not in (
+        "class_scores", "class_indices") and r.get("sqnr_db") is not None]
+    if not rows:
+        return "-"
+    worst = min(rows, key=lambda r: r["sqnr_db"])
+    return f"{worst['sqnr_db']:.1f} ({worst['name']})"
+
+
+# --- what a person reads: shared by the console summary and the page ---------------------
+
+# the docs page with code that loads each kind of file on Android, iOS and Linux
+LOADING_DOC = Path(__file__).resolve().parents[2] / "docs" / "loading.md"
+KIND_WORDS = {"graphdef": "TensorFlow GraphDef",
+              "memmapped": "TensorFlow memory-mapped GraphDef",
+              "encrypted": "AES-256-GCM encrypted",
+              "tflite": "LiteRT flatbuffer"}
+PARAMS_NOTE = ("params: elements of the constant tensors in the shipped file (weights and "
+               "biases after batch norm is folded, shapes, 8-bit ranges)")
+TIMING_NOTE = "timings: 3 significant digits, µs below 1 ms"
+NO_TARGETS = "no targets: nothing selected (add targets with budgets to pick a file per device)"
+# the RAM figure's name -> what it is, for the note under the table
+RAM_SOURCE_OF = {measure: source for source, measure in RAM_MEASURES.items()}
+
+
+def ram_measure(variant: Mapping[str, Any]) -> str:
+    """What a variant's RAM figure is (report._ram); a report written before it was named
+    says it in `ram_source` only."""
+    source = str(variant.get("ram_source") or "")
+    return str(variant.get("ram_measure") or RAM_MEASURES.get(source) or (
+        "heap growth" if "heap growth" in source else "traced peak"
+        if "live tensors" in source else "file size"))
+
+
+def broken_in(variant: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Budget kind -> the targets whose budget of that kind `variant` breaks (the cell
+    of that figure is marked, never another)."""
+    found: dict[str, list[str]] = {}
+    for target, result in (variant.get("targets") or {}).items():
+        for kind in result.get("broken") or broken_kinds(result.get("violations") or []):
+            found.setdefault(kind, []).append(target)
+    return found
+
+
+def kind_words(variant: Mapping[str, Any]) -> str:
+    """What the file is, e.g. "LiteRT flatbuffer", "AES-256-GCM encrypted TensorFlow
+    memory-mapped GraphDef"."""
+    kind = variant.get("kind", kinds.DEFAULT_KIND)
+    words = KIND_WORDS.get(kind, kind)
+    inner = (variant.get("encryption") or {}).get("payload_kind")
+    return f"{words} {KIND_WORDS.get(inner, inner)}" if kind == "encrypted" and inner else words
+
+
+def shown_path(path: Path, base: Path | None = None) -> str:
+    """`path` relative to `base` (the working directory) when it lies inside it, so that
+    it pastes as it is; else absolute."""
+    base = Path.cwd() if base is None else base
+    try:
+        return str(path.resolve().relative_to(base.resolve()))
+    except ValueError:
+        return str(path.resolve())
+
+
+def ship_lines(report: Mapping[str, Any], out_dir: Path) -> dict[str, str]:
+    """Per target with a selection: the file to ship, relative to the working directory,
+    what it is, and where the loading code is."""
+    lines: dict[str, str] = {}
+    doc = (f"load it: {shown_path(LOADING_DOC)}" if LOADING_DOC.is_file()
+           else "load it: docs/loading.md in the orchestrator repository")
+    for target, name in (report.get("selected") or {}).items():
+        variant = report["variants"].get(name) or {} if name is not None else {}
+        if not variant.get("artifact"):
+            continue
+        lines[target] = (f"ship {shown_path(out_dir / variant['artifact'])}, a "
+                         f"{kind_words(variant)}; {doc}")
+    return lines
+
+
+def advice(report: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(variant, warning) the user can act on that no stage could say alone: an 8-bit
+    variant that breaks a quality budget without the guard, while its diagnostics flag
+    layers the guard would take back from 8 bits."""
+    from orchestrator.quant.layer_errors import FLAG_ABOVE, flagged
+
+    found = []
+    for name, variant in report["variants"].items():
+        broken = broken_in(variant)
+        quality = sorted({t for kind in ("accuracy", "fidelity", "sqnr", "output")
+                          for t in broken.get(kind, [])})
+        bad = flagged(variant.get("layer_errors") or [])
+        if not quality or not bad or variant.get("trials"):
+            continue
+        from orchestrator.formatting import layer_names
+
+        short = layer_names([r["node"] for r in variant["layer_errors"]])
+        listed = ", ".join(f"{short[r['node']]} {r['rmse_over_scale']:.2f}" for r in bad[:3])
+        stages = {s["name"] for s in variant.get("stages") or []}
+        setting = ("convert_tflite: {mode: int8, guard: true}" if "convert_tflite" in stages
+                   else "quantize_nodes: {guard: true}")
+        found.append((name, f"breaks the quality budget of {', '.join(quality)}, and "
+                            f"{len(bad)} layer(s) are above {FLAG_ABOVE} RMSE/scale "
+                            f"({listed}): set {setting} to let the accuracy guard take "
+                            "such layers back from 8 bits"))
+    return found
+
+
+def console_warnings(report: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(where, warning) for under the summary table: what the run's end found (the guard's
+    verdict, skipped inputs, advice), never a stage's warning again (the progress display
+    printed it beside its stage)."""
+    found = []
+    for name, variant in report["variants"].items():
+        said = {w for stage in variant.get("stages") or [] for w in stage.get("warnings") or []}
+        found += [(name, w) for w in variant.get("warnings") or [] if w not in said]
+    found += advice(report)
+    for role, summary in (report.get("data") or {}).items():
+        if summary.get("skipped_inputs"):
+            names = ", ".join(Path(f).name for f in summary["skipped_files"][:5])
+            found.append((f"data.{role}", f"skipped {summary['skipped_inputs']} non-image "
+                                          f"file(s): {names}"))
+    return found
+
+
+def _marked(text: str, broken: bool) -> str:
+    """A cell whose budget broke: red, with ✗ (readable without colour in a CI log)."""
+    from rich.markup import escape
+
+    return f"[red]{escape(text)} ✗[/]" if broken else escape(text)
+
+
+def print_summary(report: Mapping[str, Any], out_dir: Path, console: Any = None) -> None:
+    """The summary table, one row per variant, its units stated once under it; then per
+    target the selection, the file to ship and the reasons.
+
+    A broken budget marks its own cell (size, RAM, drop, fidelity, SQNR, or the target's
+    estimated latency) with ✗, and the target's column names what broke."""
+    import sys
+
+    from rich.console import Console
+    from rich.table import Table
+
+    # a pipe or CI log gets a wide table instead of rich's 80-column default
+    console = console or Console(width=None if sys.stdout.isatty() else 160)
+    # prose (notes, reasons, method lines) is never broken mid-phrase where the output is
+    # not a terminal (make, a pipe, a CI log): one line each, as long as it is
+    prose = {"soft_wrap": not console.is_terminal, "highlight": False}
+    variants = report["variants"]
+    target_names = list(report.get("selected") or {})
+    broken = {name: broken_in(v) for name, v in variants.items()}
+    budgets = {t: (report.get("targets") or {}).get(t, {}).get("budgets") or {}
+               for t in target_names}
+    show_ram = any("ram" in b for b in broken.values()) or any(
+        "max_ram_mb" in b for b in budgets.values())
+    ram_measures = {ram_measure(v) for v in variants.values()}
+    # outputs that are not class scores: their lowest SQNR says more than one fidelity figure
+    sqnr = any(_min_sqnr(v) != "-" for v in variants.values())
+    # the table's units and words, stated once under it; legends only for columns shown
+    notes = [f"size, gzip{', RAM' if show_ram else ''}: {SIZE_UNIT_NOTE}", PARAMS_NOTE]
+    if show_ram:
+        notes.append("RAM: " + "; ".join(f"{RAM_SOURCE_OF[m]}" for m in sorted(
+            ram_measures, key=list(RAM_SOURCE_OF).index)))
+    if target_names:
+        notes += [f"{TIMING_NOTE}; est.: the device's latency, estimated (budgets and "
+                  f"selection use it; host p50 decides within {ESTIMATE_TIE:.0%}; how, per "
+                  "variant: report.html)", "✗: the budget that broke, in its own cell and "
+                  "named in its target's column; ✓: selected"]
+    else:
+        notes += [TIMING_NOTE, NO_TARGETS]
+    table = Table(title=f"recipe {report['recipe']}")
+    columns = ["variant", "size MiB", "gzip MiB", "params", "host p50\n(measured)"]
+    if show_ram:  # what the figure is: one name for all, else per cell
+        columns.append("RAM MiB\n(" + (next(iter(ram_measures)) if len(ram_measures) == 1
+                                       else "see cells") + ")")
+    columns += ["accuracy", "drop", "fidelity"]
+    if sqnr:
+        columns.append("min SQNR dB\n(output)")
+    devices = {t: r.get("device", "") for v in variants.values()
+               for t, r in v["targets"].items()}
+    columns += [f"{t} ({devices.get(t, '')})\nest. latency" for t in target_names]
+    columns.append("cached")
+    for column in columns:
+        table.add_column(column, justify="left" if column == "variant" else "right")
+    for name, v in variants.items():
+        cells = broken[name]
+        per_target = []
+        for target in target_names:
+            result = v["targets"][target]
+            kinds_broken = result.get("broken") or broken_kinds(result.get("violations") or [])
+            est = _marked(format_ms(result["est_latency_ms"]), "latency" in kinds_broken)
+            verdict = ("[green]ok[/]" if result["budgets_ok"]
+                       else "[red]✗ " + ", ".join(k.upper() if k == "ram" else k
+                                                  for k in kinds_broken or ["budget"]) + "[/]")
+            chosen = " [bold]✓[/]" if report["selected"].get(target) == name else ""
+            per_target.append(f"{est} {verdict}{chosen}")
+        cached = sum(s["cached"] for s in v["stages"])
+        row = [name, _marked(format_size(v["size_bytes"], unit=False), "size" in cells),
+               format_size(v.get("gzip_size_bytes"), unit=False),
+               format_count(v.get("params")), format_ms((v.get("latency_ms") or {}).get("p50"))]
+        if show_ram:
+            ram = format_size(v.get("ram_bytes"), unit=False)
+            row.append(_marked(ram if len(ram_measures) == 1 else f"{ram} {ram_measure(v)}",
+                               "ram" in cells))
+        row += [_fmt(v.get("accuracy"), ".4f"),
+                _marked(_fmt(v.get("accuracy_drop"), "+.4f"), "accuracy" in cells),
+                _marked(_fmt(v.get("fidelity"), ".4f"), "fidelity" in cells)]
+        if sqnr:
+            row.append(_marked(_min_sqnr(v), "sqnr" in cells))
+        table.add_row(*row, *per_target, f"{cached}/{len(v['stages'])}")
+    console.print(table)
+    from rich.markup import escape
+
+    for note in notes:
+        console.print(f"  [dim]{escape(note)}[/]", **prose)
+
+    for where, warning in console_warnings(report):
+        console.print(f"  [yellow]warning[/] {escape(where)}: {escape(warning)}", **prose)
+    reasons = report.get("selection_reasons") or {}
+    ships = ship_lines(report, out_dir)
+    for target, variant in report.get("selected", {}).items():
+        console.print(f"selected for {escape(target)}: "
+                      + (f"[bold green]{escape(variant)}[/]" if variant else "[bold red]none "
+                         "meets its budgets[/]"), **prose)
+        if target in ships:
+            console.print(f"  {escape(ships[target])}", **prose)
+            made = variants[variant]["targets"][target].get("estimate") or {}
+            short = made.get("summary") or made.get("method")  # older reports: no summary
+            if short:
+                console.print(f"  its estimate: {escape(short)}; every figure: report.html",
+                              **prose)
+        for name, why in (reasons.get(target) or {}).items():
+            console.print(f"  {escape(name)}: {escape(why)}", **prose)
+    for name, v in variants.items():
+        if v.get("encryption"):  # where the key came from; never the key
+            console.print(f"{escape(name)}: encrypted with key id "
+                          f"{escape(str(v['encryption'].get('key_id')))} from "
+                          f"{escape(str(v['encryption'].get('key_source')))}", **prose)
+    page = " and report.html (open it in a browser)" if "report.html" in (
+        report.get("page_files") or []) else ""
+    console.print(escape(f"results: {out_dir}/report.json{page}, the models in "
+                         f"{out_dir}/<variant>/"), **prose)
