@@ -33,8 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.model.keys import encode_key, generate_key  # noqa: E402
 from orchestrator.flow.local_server import IDLE_ENV, STATE_FILE  # noqa: E402
+from orchestrator.model.keys import encode_key, generate_key  # noqa: E402
 
 KEY_ENV = "ORCHESTRATOR_MODEL_KEY"  # the digits recipe's encrypt stage reads its key here
 

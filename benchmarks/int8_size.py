@@ -35,10 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from orchestrator.measure import tf_runtime  # noqa: E402,F401  (TF env defaults first
-
-from orchestrator.model import tf_adapter
-from orchestrator.model.graph_rewrite import copy_graph  # noqa: E402
 from orchestrator.model.artifact import ModelArtifact  # noqa: E402
+from orchestrator.model.graph_rewrite import copy_graph  # noqa: E402
 from orchestrator.stages import StageContext, get_stage  # noqa: E402
 
 DIGITS = ROOT / "examples" / "digits"
@@ -62,8 +60,8 @@ def chains(recipe: Path, keep_names: bool
            ) -> tuple[ModelArtifact, list[tuple[str, Any]], list[tuple[str, Any]]]:
     """The recipe's source model (its declared inputs and outputs) and the transforms of its
     fp32 and int8 pipelines, as the recipe loads them."""
-    from orchestrator.recipe.loading import load_recipe
     from orchestrator.engine.prepared_run import load_source
+    from orchestrator.recipe.loading import load_recipe
 
     loaded = load_recipe(recipe, ["pipelines.int8.keep_names=true"] if keep_names else [],
                          check_files=False)

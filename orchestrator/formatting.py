@@ -15,8 +15,15 @@ report page, `benchmark`, the gate and the history table.
 
 from __future__ import annotations
 
+import difflib
+import functools
 import math
+import os
 import re
+import shlex
+import shutil
+import sys
+import sysconfig
 from collections.abc import Callable, Iterable, Sequence
 
 MIB = 1024 * 1024
@@ -131,3 +138,66 @@ def layer_names(names: Sequence[str], width: int | None = None) -> dict[str, str
     """Each name's layer_name, without the scope all of `names` share."""
     scope = shared_scope(names)
     return {name: layer_name(name, scope, width) for name in names}
+
+
+def unknown_name_message(what: str, name: str, known: Iterable[str]) -> str:
+    """`unknown variant 'nope' (did you mean "a"?); the recipe has: a, b`: one line, the
+    hint worded as the recipe checks word theirs (in double quotes, before the list)."""
+    choices = sorted(known)
+    by_lower = {choice.lower(): choice for choice in choices}  # `INT8` is a typo of `int8`
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
+    hint = f' (did you mean "{by_lower[close[0]]}"?)' if close else ""
+    listed = ", ".join(choices) if choices else "none"
+    return f"unknown {what} {name!r}{hint}; the recipe has: {listed}"
+
+
+COMMAND = "orchestrator"
+
+
+def command_hint(*words: object) -> str:
+    """`orchestrator WORDS` as the user can paste it: `orchestrator` when that name on PATH
+    is the command running now, else the running command's path (relative to the working
+    directory when shorter, e.g. `.venv/bin/orchestrator` before the venv is activated),
+    else `PYTHON -m orchestrator`. Each word shell-quoted."""
+    return shlex.join([*command_prefix(), *map(str, words)])
+
+
+@functools.lru_cache(maxsize=1)
+def command_prefix() -> tuple[str, ...]:
+    running = _running_script()
+    if running is None:
+        return (_shortest(sys.executable), "-m", COMMAND)
+    found = shutil.which(COMMAND)
+    if found is not None and _same_file(found, running):
+        return (COMMAND,)
+    shown = _shortest(running)
+    # a bare name would be looked up on PATH, where it is not (or is another one)
+    return (shown if os.sep in shown else f".{os.sep}{shown}",)
+
+
+def _running_script() -> str | None:
+    """The `orchestrator` script this process runs: sys.argv[0] when it is one, else the
+    console script of this environment (`python -m orchestrator`, a test runner)."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    if os.path.basename(argv0) == COMMAND and os.path.isfile(argv0):
+        return os.path.abspath(argv0)
+    scripts = sysconfig.get_path("scripts")
+    candidate = os.path.join(scripts, COMMAND) if scripts else ""
+    return candidate if candidate and os.path.isfile(candidate) else None
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _shortest(path: str) -> str:
+    """`path` relative to the working directory when that is shorter, else absolute."""
+    path = os.path.abspath(path)
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:  # another drive
+        return path
+    return relative if len(relative) < len(path) else path

@@ -27,11 +27,12 @@ configure_prefect_defaults()  # before Prefect reads its settings
 from prefect import flow, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
-from orchestrator.errors import OrchestratorError  # noqa: E402
 from orchestrator.engine.node_run import NodeOutcome, execute_node  # noqa: E402
 from orchestrator.engine.plan import Node  # noqa: E402
 from orchestrator.engine.prepared_run import RunRef, close_session, open_session  # noqa: E402
-from orchestrator.tracking.common import redact  # noqa: E402
+from orchestrator.errors import OrchestratorError  # noqa: E402
+from orchestrator.flow.deployments import FLOW_NAME  # noqa: E402
+from orchestrator.redaction import redact  # noqa: E402
 
 log = logging.getLogger("orchestrator")
 
@@ -69,8 +70,8 @@ def flow_run_name() -> str:
     cannot be read (the flow then fails with the recipe's own error)."""
     from prefect.runtime import flow_run
 
-    from orchestrator.recipe.loading import load_recipe
     from orchestrator.engine.run_names import run_name
+    from orchestrator.recipe.loading import load_recipe
 
     parameters = flow_run.parameters
     try:
@@ -83,8 +84,8 @@ def flow_run_name() -> str:
 @task(name="retrain", cache_policy=NO_CACHE, persist_result=False)
 def retrain_task(recipe: str, overrides: list[str], store: str) -> str:
     """The recipe's training function; the new model's path."""
-    from orchestrator.recipe.loading import load_recipe
     from orchestrator.engine.retrain import retrain
+    from orchestrator.recipe.loading import load_recipe
 
     return str(retrain(load_recipe(recipe, overrides), Path(store)))
 
@@ -146,7 +147,7 @@ def _task_run_name(node: Node) -> str:
         "" if node.trial is None else f" (guard trial {node.trial})")
 
 
-@flow(name="orchestrator-recipe", flow_run_name=flow_run_name, persist_result=False,
+@flow(name=FLOW_NAME, flow_run_name=flow_run_name, persist_result=False,
       log_prints=False, validate_parameters=True)
 def recipe_flow(recipe: str, overrides: list[str] | None = None,
                 variants: list[str] | None = None, no_cache: bool = False,
@@ -157,13 +158,13 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
     3 for a failing stage (outputs of the failed run removed). `output` defaults to
     out/<recipe name> under the recipe's project root; it is this recipe's folder, whose
     contents the run replaces whole (another recipe's only with `force`: output_folder)."""
-    from orchestrator.results import output_folder
     from orchestrator.cache import project
-    from orchestrator.cli.common import check_variants
-    from orchestrator.flow.task_runners import explain_failure
     from orchestrator.engine.guard import GuardResult, apply_guard, guarded_pipelines
     from orchestrator.engine.scheduler import run_by_dependencies
+    from orchestrator.flow.task_runners import explain_failure
+    from orchestrator.recipe.checks import check_variants
     from orchestrator.recipe.loading import load_recipe
+    from orchestrator.results import output_folder
     from orchestrator.results.report import build_report, write_outputs
     from orchestrator.tracking.client import TrackingClient, TrackingError
 
@@ -174,7 +175,7 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
     check_variants(loaded, variants)
     out_dir = project.output_dir(root, loaded.recipe.name, output)
     project.check_folders(out_dir, store_root, root)
-    project.check_output_owner(out_dir, loaded.recipe.name, loaded.path, root, force)
+    output_folder.check_output_owner(out_dir, loaded.recipe.name, loaded.path, root, force)
     owner = output_folder.owner_of(loaded.recipe.name, loaded.path)
     # first: the tracking worker imports MLflow on the other core while the model loads
     tracker = TrackingClient(root=root)
@@ -374,7 +375,7 @@ def _link_mlflow_run(report: dict[str, Any], root: Path) -> None:
     outputs are written by now: a Prefect API that fails here costs the link only."""
     from prefect.artifacts import create_markdown_artifact
 
-    from orchestrator.cli.common import command_hint
+    from orchestrator.formatting import command_hint
 
     selected = ", ".join(f"{t}: {v or 'none within budgets'}"
                          for t, v in report["selected"].items()) or "no targets"

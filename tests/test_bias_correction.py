@@ -9,12 +9,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from orchestrator.measure.tf_runtime import predict
+from orchestrator.model import tf_adapter  # noqa: F401  (TF env defaults before TF is imported
+from orchestrator.model.artifact import ModelArtifact, TensorSpec
+from orchestrator.model.graph_rewrite import GraphIndex, const_value
 from orchestrator.quant import bias_correction as bc
 from orchestrator.quant import ranges as q
-from orchestrator.model import tf_adapter  # noqa: F401  (TF env defaults before TF is imported
-from orchestrator.model.graph_rewrite import GraphIndex, const_value
-from orchestrator.model.artifact import ModelArtifact, TensorSpec
-from orchestrator.measure.tf_runtime import predict
 from orchestrator.stages import StageContext, get_stage
 
 SHAPE = (6, 6, 4)

@@ -17,7 +17,7 @@ from orchestrator.measure.budgets import (
     quality_shortfall,
     quality_violations,
 )
-from orchestrator.recipe.models import Budgets
+from orchestrator.spec.models import Budgets
 
 # evaluate's metrics of a model with a class head `kind` and two sigmoid heads
 METRICS = {"accuracy": 0.95, "accuracy_drop": 0.004, "fidelity": 0.99,

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.recipe import schema
-from orchestrator.cli.main import main
 from orchestrator.cli.init import choose_data, recipe_name
+from orchestrator.cli.main import main
 from orchestrator.errors import DataError
 from orchestrator.model.artifact import TensorSpec
+from orchestrator.recipe import schema
 from orchestrator.recipe.loading import load_recipe
 
 # A line a user uncomments: `# ` before YAML content (a key or a list item), as an editor's
@@ -46,7 +46,7 @@ def test_a_recipe_that_runs_at_once_without_data(project: Path,
     recipe = project / "recipes" / "digits.yaml"
     assert main(["init", str(project / "models/digits/saved_model"), "-o", str(recipe)]) == 0
     out = capsys.readouterr().out
-    from orchestrator.cli.common import command_hint
+    from orchestrator.formatting import command_hint
 
     # the hint names the command to paste (`orchestrator`, or its path when not on PATH)
     assert f"wrote {recipe}" in out and f"next: {command_hint('validate', recipe)}" in out

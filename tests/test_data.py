@@ -24,7 +24,7 @@ from orchestrator.data import (
 )
 from orchestrator.errors import DataError
 from orchestrator.model.artifact import TensorSpec
-from orchestrator.recipe.models import DataSource
+from orchestrator.spec.models import DataSource
 
 SPEC = TensorSpec("image", "float32", (None, 4, 4, 1))
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from orchestrator.measure.devices import (
+from orchestrator.spec.devices import (
     PRESETS,
     Device,
     estimate_latency_ms,
@@ -83,7 +83,7 @@ def test_precision_of() -> None:
 
 
 def test_import_is_cheap() -> None:
-    code = ("import sys, orchestrator.measure.devices; "
+    code = ("import sys, orchestrator.spec.devices; "
             "print(sorted(m for m in ('numpy', 'tensorflow') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.measure.devices import PRESETS, Device, core_flops_per_second, estimate_latency_ms
-from orchestrator.measure.estimates import basis, estimate
 from orchestrator.formatting import format_ms
+from orchestrator.measure.estimates import basis, estimate
+from orchestrator.spec.devices import PRESETS, Device, core_flops_per_second, estimate_latency_ms
 
 PI3, PHONE = PRESETS["raspberry-pi-3"], PRESETS["phone-2016"]
 FLOPS = 1.2e6  # about the digits CNN
@@ -166,7 +166,7 @@ def test_a_measurement_without_a_per_op_probe_is_not_capped_and_says_so() -> Non
 
 
 def test_catalogue_core_speeds() -> None:
-    # published one-core fp32 peaks (see orchestrator.measure.devices); a default from the total
+    # published one-core fp32 peaks (see orchestrator.spec.devices); a default from the total
     assert core_flops_per_second(PI3) == pytest.approx(1.2e9 * 8)
     assert core_flops_per_second(PRESETS["raspberry-pi-4"]) == pytest.approx(1.5e9 * 8)
     assert core_flops_per_second(PRESETS["hikey-960"]) == pytest.approx(2.36e9 * 8, rel=0.01)

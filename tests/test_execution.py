@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.flow import task_runners
 from orchestrator.errors import RecipeError
+from orchestrator.flow import task_runners
 from orchestrator.recipe.loading import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +63,7 @@ def test_address_from_the_recipe_is_named_with_its_file(tmp_path: Path) -> None:
                                                "'tcp://127.0.0.1:1'}"))
     with pytest.raises(task_runners.ExecutionError) as caught:
         task_runners.check_address(task_runners.resolve(loaded))
-    assert "recipe.yaml: task_runners.address tcp://127.0.0.1:1: no Dask scheduler" in str(
+    assert "recipe.yaml: execution.address tcp://127.0.0.1:1: no Dask scheduler" in str(
         caught.value)
     assert caught.value.exit_code == 2
 

@@ -13,9 +13,9 @@ sys.path.insert(0, str(Path(__file__).parent / "stages"))  # the 8-bit stage fix
 from helpers_graphs import tf1_graph  # noqa: E402
 from quant_fixtures import apply, nodes, ops  # noqa: E402
 
-from orchestrator.quant.layer_errors import dequantize  # noqa: E402
-from orchestrator.model.artifact import ModelArtifact, TensorSpec  # noqa: E402
 from orchestrator.measure.tf_runtime import GraphRunner, predict  # noqa: E402
+from orchestrator.model.artifact import ModelArtifact, TensorSpec  # noqa: E402
+from orchestrator.quant.layer_errors import dequantize  # noqa: E402
 
 # The input range of a BiasAdd in the photo mini-Xception of issue 17, and its bias range.
 INPUT_RANGE, BIAS_RANGE = (-4.755581, 4.9719486), (-0.689076, 0.6196499)
@@ -209,8 +209,8 @@ def test_a_small_bias_change_survives_whole() -> None:
     float32 (times 2^32 - 1, per accumulator step), not rounded to 8 bits."""
     import dataclasses
 
-    from orchestrator.model.graph_rewrite import const_value, copy_graph, set_const_value
     from orchestrator.model.artifact import node_name
+    from orchestrator.model.graph_rewrite import const_value, copy_graph, set_const_value
 
     model, x, bias = linear_layer("conv", 5, bias_scale=12.0)
     base = eight_bit_frozen(model, x)

@@ -16,9 +16,9 @@ import quant_fixtures  # noqa: E402
 from helpers_graphs import tf1_graph  # noqa: E402
 from quant_fixtures import agreement, apply, predict  # noqa: E402
 
-from orchestrator.quant import layer_errors as le  # noqa: E402
-from orchestrator.model.artifact import ModelArtifact, TensorSpec  # noqa: E402
 from orchestrator.measure.tf_runtime import GraphRunner  # noqa: E402
+from orchestrator.model.artifact import ModelArtifact, TensorSpec  # noqa: E402
+from orchestrator.quant import layer_errors as le  # noqa: E402
 
 digits = quant_fixtures.digits
 

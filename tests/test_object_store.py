@@ -17,10 +17,10 @@ import pytest
 from s3_entries import all_entries_verify, client, objects
 from s3_server import S3Server, free_port, s3_server_or_skip
 
-from orchestrator.errors import OutputError
-from orchestrator.model.artifact import ModelArtifact, TensorSpec
 from orchestrator.cache.object_store import ObjectStore
 from orchestrator.cache.store import Store, StoredResult, open_store
+from orchestrator.errors import OutputError
+from orchestrator.model.artifact import ModelArtifact, TensorSpec
 
 pytestmark = pytest.mark.servers
 

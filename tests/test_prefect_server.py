@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from waiting import wait_for
 
-from orchestrator.flow import local_server
 from orchestrator.errors import OrchestratorError
+from orchestrator.flow import local_server
 from orchestrator.flow.local_server import (
     LEASE_FILE,
     STATE_FILE,

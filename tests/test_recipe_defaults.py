@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.engine.plan import build_plan
 from orchestrator.errors import RecipeError
 from orchestrator.model.keys import KeyMaterialError
-from orchestrator.engine.plan import build_plan
 from orchestrator.recipe.loading import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]

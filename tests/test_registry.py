@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 from registry_helpers import report, write_outputs, write_project
 
+from orchestrator.cache.project import project_root
 from orchestrator.cli.main import main
 from orchestrator.engine.node_run import NodeOutcome
 from orchestrator.engine.plan import build_plan
-from orchestrator.cache.project import project_root
 from orchestrator.recipe.loading import load_recipe
+from orchestrator.tracking.client import TrackingClient
 from orchestrator.tracking.registry import (
     CANDIDATE,
     RegistryError,
@@ -27,7 +28,6 @@ from orchestrator.tracking.registry import (
     version_report,
     version_tags,
 )
-from orchestrator.tracking.client import TrackingClient
 
 
 @pytest.fixture
@@ -92,7 +92,7 @@ def test_version_tags_carry_commit_fingerprints_run_and_each_targets_figures() -
 
 
 def test_gate_check_uses_the_recipes_current_budgets_and_device(project: Path) -> None:
-    from orchestrator.measure.devices import resolve_device
+    from orchestrator.spec.devices import resolve_device
 
     run_report = report()
     loaded = load_recipe(project)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from orchestrator.measure.budgets import MB, check_budgets
-from orchestrator.measure.devices import resolve_device
-from orchestrator.recipe.models import Budgets
 from orchestrator.results.report import RAM_HEAP, select, selection_reasons
+from orchestrator.spec.devices import resolve_device
+from orchestrator.spec.models import Budgets
 
 
 def variant(size: int, est: float | None, ok: bool = True, p50: float | None = None) -> dict:

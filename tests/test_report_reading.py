@@ -13,6 +13,7 @@ import pytest
 from rich.console import Console
 
 from orchestrator.measure.budgets import MB, Violation
+from orchestrator.results.page import render
 from orchestrator.results.report import (
     RAM_HEAP,
     RAM_SIZE,
@@ -22,7 +23,6 @@ from orchestrator.results.report import (
     console_warnings,
     print_summary,
 )
-from orchestrator.results.page import render
 
 FLAG = "1 layer(s) above 0.7 RMSE/scale (rounding alone: 0.29): probs_1/BiasAdd 1.07"
 NODES = ["StatefulPartitionedCall/digits_cnn_1/dense1_1/MatMul;"
@@ -202,7 +202,7 @@ def test_ram_is_one_measure_for_every_kind() -> None:
 def test_a_ram_budget_reads_the_heap_growth_and_the_column_says_so(report: dict,
                                                                     tmp_path: Path) -> None:
     from orchestrator.measure.budgets import check_budgets
-    from orchestrator.recipe.models import Budgets
+    from orchestrator.spec.models import Budgets
 
     fp32 = {"size_bytes": 1_076_839, **_ram({"peak_memory_bytes": 1_086_000, "memory": {
         "anon_growth_mb": 13.066}}, 1_076_839)}

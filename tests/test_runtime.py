@@ -36,8 +36,8 @@ def test_free_batch_uses_the_requested_size() -> None:
 def test_predict_all_returns_every_output_in_order() -> None:
     import tensorflow as tf
 
-    from orchestrator.model.artifact import ModelArtifact, TensorSpec
     from orchestrator.measure.tf_runtime import predict, predict_all
+    from orchestrator.model.artifact import ModelArtifact, TensorSpec
 
     g = tf.Graph()
     with g.as_default():

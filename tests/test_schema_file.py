@@ -11,8 +11,8 @@ import jsonschema  # Prefect's dependency: always installed
 import pytest
 import yaml
 
-from orchestrator.recipe import schema
 from orchestrator.cli.main import main
+from orchestrator.recipe import schema
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / schema.PROJECT_SCHEMA

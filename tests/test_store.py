@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.model.artifact import ModelArtifact, TensorSpec
 from orchestrator.cache.store import Store, StoredResult, atomic_write_bytes
+from orchestrator.model.artifact import ModelArtifact, TensorSpec
 
 
 def tiny_artifact() -> ModelArtifact:

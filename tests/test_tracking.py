@@ -13,11 +13,12 @@ import pytest
 import yaml
 from registry_helpers import report, write_outputs, write_project
 
+from orchestrator.cache.project import local_tracking_folder
 from orchestrator.engine.node_run import NodeOutcome
 from orchestrator.engine.plan import build_plan
-from orchestrator.cache.project import local_tracking_folder
-from orchestrator.recipe.loading import load_recipe
 from orchestrator.engine.run_names import distinct_name, git_commit, run_name, short_commit
+from orchestrator.recipe.loading import load_recipe
+from orchestrator.tracking.client import TrackingClient, recipe_yaml, run_params
 from orchestrator.tracking.worker import (
     MlflowLogger,
     artifact_root,
@@ -29,7 +30,6 @@ from orchestrator.tracking.worker import (
     run_url,
     variant_metrics,
 )
-from orchestrator.tracking.client import TrackingClient, recipe_yaml, run_params
 
 
 def test_flatten_nests_dicts_and_lists() -> None:

@@ -33,11 +33,11 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from orchestrator.cache.store import Store, StoredResult, entry_payload
 from orchestrator.errors import OutputError
 from orchestrator.model.artifact import ModelArtifact
 from orchestrator.paths import describe_os_error
-from orchestrator.cache.store import Store, StoredResult, entry_payload
-from orchestrator.tracking.common import redact
+from orchestrator.redaction import redact
 
 log = logging.getLogger(__name__)
 

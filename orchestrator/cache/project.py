@@ -110,15 +110,3 @@ def check_folders(out_dir: Path, store_root: Path | str, root: Path) -> None:
         problem = writable_dir_problem(folder)
         if problem:
             raise OutputError(f"cannot write to {role}: {problem}", file=str(folder))
-
-
-def check_output_owner(out_dir: Path, recipe_name: str, recipe_path: Path | str, root: Path,
-                       force: bool = False, force_does: str | None = None) -> None:
-    """The output folder is this recipe's to replace (see output_folder): exit 2 naming it
-    and both recipes when it holds another's outputs or other files (unless `force`;
-    `force_does` says what --force does for the command), or the recipe, the project, the
-    store or MLflow's folder, or lies inside the store or MLflow's folder (always)."""
-    from orchestrator.results import output_folder
-    output_folder.check(out_dir, output_folder.owner_of(recipe_name, recipe_path), force,
-                        output_folder.protected_paths(root, recipe_path),
-                        force_does or output_folder.REPLACES)

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from orchestrator.model import kinds
 from orchestrator.errors import OutputError
+from orchestrator.model import kinds
 from orchestrator.model.artifact import ModelArtifact
 from orchestrator.paths import describe_os_error
 

@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import ModelSourceError, OrchestratorError, StageError, UsageError
 from orchestrator.formatting import SIZE_UNIT, SIZE_UNIT_NOTE, format_mib, format_ms, format_size
-from orchestrator.model.input_shapes import resolve_shapes, shape_text, with_input_shapes
 from orchestrator.model.files import OpenedModel, open_model
+from orchestrator.model.input_shapes import resolve_shapes, shape_text, with_input_shapes
 
 if TYPE_CHECKING:
-    from orchestrator.model.keys import ModelKey
     from orchestrator.model.artifact import ModelArtifact
+    from orchestrator.model.keys import ModelKey
     from orchestrator.stages.base import StageResult
 
 _TOP_ROWS = 10  # benchmark_model prints the top 10 nodes by default

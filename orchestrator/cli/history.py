@@ -18,11 +18,12 @@ from orchestrator.errors import OrchestratorError
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from orchestrator.tracking import history
     from orchestrator.cache import project
     from orchestrator.errors import OutputError
     from orchestrator.paths import writable_dir_problem
     from orchestrator.recipe.loading import load_recipe
+    from orchestrator.results import output_folder
+    from orchestrator.tracking import history
 
     try:
         # the model and data files need not exist today: only the recipe's name, targets
@@ -38,7 +39,7 @@ def cmd_history(args: argparse.Namespace) -> int:
                               file=str(folder))
         # not into the store, MLflow's folder or the project, as `run`; nor into another
         # recipe's outputs (its runs would delete the chart anyway)
-        project.check_output_owner(folder, recipe.name, loaded.path, root, args.force,
+        output_folder.check_output_owner(folder, recipe.name, loaded.path, root, args.force,
                                    force_does="pass --force to write history.png there "
                                    "(its other files stay)")
         evaluation = recipe.data.evaluation if recipe.data is not None else None

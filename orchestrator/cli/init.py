@@ -71,8 +71,8 @@ class DataChoice:
 
 def cmd_init(args: argparse.Namespace) -> int:
     from orchestrator.cache import project
-    from orchestrator.recipe import schema
     from orchestrator.model.sources import detect_format, load_model
+    from orchestrator.recipe import schema
 
     model_path = Path(args.model)
     fmt = detect_format(model_path) if args.format == "auto" else args.format
@@ -123,7 +123,7 @@ def cmd_init(args: argparse.Namespace) -> int:
         print("no data yet: the stages that need it (evaluate, log_ranges, freeze_ranges) and "
               "the litert_int8 pipeline are commented out; fill in the data section (or run "
               "init again with --data FILE.npz) to turn them on")
-    from orchestrator.cli.common import command_hint
+    from orchestrator.formatting import command_hint
 
     print(f"next: {command_hint('validate', output)} && {command_hint('run', output)}")
     return 0
@@ -397,7 +397,7 @@ def _size_budget_mb(artifact: ModelArtifact) -> tuple[float, float]:
 def recipe_text(recipe: Path, model: Path, fmt: str, name: str, artifact: ModelArtifact,
                 data: DataChoice | None, modeline: str, command: str | None = None) -> str:
     """The starter recipe: every line a new user reads, with what to change next."""
-    from orchestrator.measure.devices import PRESETS
+    from orchestrator.spec.devices import PRESETS
 
     inputs, input_notes = _input_lines(artifact)
     output_names = {ref: name for name, ref in

@@ -82,14 +82,13 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from orchestrator.flow import task_runners
-    from orchestrator.flow import local_server
     from orchestrator.cache import project
-    from orchestrator.tracking import client as tracking_client
-    from orchestrator.flow import warm_up
-    from orchestrator.cli.common import check_variants
-    from orchestrator.results.progress import ConsoleProgress
+    from orchestrator.flow import local_server, task_runners, warm_up
+    from orchestrator.recipe.checks import check_variants
     from orchestrator.recipe.loading import load_recipe
+    from orchestrator.results import output_folder
+    from orchestrator.results.progress import ConsoleProgress
+    from orchestrator.tracking import client as tracking_client
 
     server = None
     try:
@@ -102,8 +101,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         # before the server starts: a folder that cannot be written, or that holds another
         # recipe's outputs, is exit 2 at once (the flow checks again: deployments)
         project.check_folders(out_dir, store_root, root)
-        project.check_output_owner(out_dir, loaded.recipe.name, loaded.path, root,
-                                   args.force)
+        output_folder.check_output_owner(out_dir, loaded.recipe.name, loaded.path, root,
+                                         args.force)
         # MLflow's import (in the tracking worker) and a booting Prefect server (~2.5 s,
         # unless an earlier run's is up) run beside Prefect's import and the flow's start
         tracking_client.prestart(project.tracking_uri(root))
@@ -133,7 +132,6 @@ def cmd_run(args: argparse.Namespace) -> int:
                     raise
                 # it may go after the flow wrote its outputs (the final state's report to
                 # the API failed): a failed run leaves none
-                from orchestrator.results import output_folder
                 output_folder.discard(out_dir, output_folder.owner_of(
                     loaded.recipe.name, loaded.path))
                 raise lost from exc
@@ -162,8 +160,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _print_where(report: dict, recipe_arg: str) -> None:
     """Where this run's records are, and how to look at them (URL credentials hidden)."""
-    from orchestrator.cli.common import command_hint
-    from orchestrator.tracking.common import redact
+    from orchestrator.formatting import command_hint
+    from orchestrator.redaction import redact
 
     where = report["locations"]
     registry = report.get("registry") or {}
@@ -180,8 +178,8 @@ def _print_where(report: dict, recipe_arg: str) -> None:
 
 def cmd_server(args: argparse.Namespace) -> int:
     """The local Prefect server that runs share (see prefect_server): status, or stop."""
-    from orchestrator.flow import local_server
     from orchestrator.cache import project
+    from orchestrator.flow import local_server
     home = project.local_home(project.project_root())
     if args.action == "stop":
         stopped = local_server.stop_server(home, force=args.force)
@@ -258,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="write to the output folder even if it holds another recipe's "
                      "outputs or other files (they are replaced)")
     run.add_argument("--executor", choices=["local", "dask"], default=None,
-                     help="where the stages run (wins over the recipe's task_runners.executor): "
+                     help="where the stages run (wins over the recipe's execution.executor): "
                      "local, one at a time; dask, pipelines in parallel on Dask")
     run.add_argument("--dask-address", default=None, metavar="ADDR",
                      help="an existing Dask scheduler, e.g. tcp://10.0.0.5:8786 (implies "

@@ -31,9 +31,9 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def cmd_decrypt(args: argparse.Namespace) -> int:
+    from orchestrator.cache.store import atomic_write_bytes
     from orchestrator.model.encryption import decrypt
     from orchestrator.model.keys import DEFAULT_ENV, load_key
-    from orchestrator.cache.store import atomic_write_bytes
 
     try:
         key = load_key(args.key_env or DEFAULT_ENV, args.key_file)
@@ -66,8 +66,8 @@ def graph_flops(graph_def: Any, inputs: Any) -> tuple[int | None, str]:
     counts them, and its precision."""
     from collections import Counter
 
-    from orchestrator.measure.devices import precision_of
-    from orchestrator.stages.benchmark import count_flops
+    from orchestrator.measure.flops import count_flops
+    from orchestrator.spec.devices import precision_of
 
     one_sample = {spec.name: (1, *[d or 1 for d in spec.shape[1:]]) for spec in inputs
                   if spec.shape}
@@ -130,8 +130,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     import os
 
     from orchestrator.model.encryption import MAGIC
-    from orchestrator.model.keys import DEFAULT_ENV
     from orchestrator.model.files import open_model
+    from orchestrator.model.keys import DEFAULT_ENV
 
     path = Path(args.model)
     try:

@@ -66,11 +66,17 @@ def _print_gate(result: Any, limits: Any, report: str, baseline: str) -> None:
                                                     style="bold red")
 
 
+def _registry_report(name: str, alias: str, tracking_uri: str) -> Any:
+    from orchestrator.tracking.registry import version_report  # MLflow: only on this path
+
+    return version_report(name, alias, tracking_uri)
+
+
 def cmd_gate(args: argparse.Namespace) -> int:
     """Compare REPORT with its baseline; write the Markdown; 1 when a limit is broken."""
-    from orchestrator.results.gate import Limits, compare, load_baseline, load_report, to_markdown
-    from orchestrator.paths import describe_os_error
     from orchestrator.cache.store import atomic_write_text
+    from orchestrator.paths import describe_os_error
+    from orchestrator.results.gate import Limits, compare, load_baseline, load_report, to_markdown
 
     defaults = Limits()
 
@@ -91,7 +97,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     report_path = Path(args.report)
     markdown_path = Path(args.markdown) if args.markdown else report_path.parent / "gate.md"
     report = load_report(report_path)
-    baseline = load_baseline(args.baseline, report, report_path)
+    baseline = load_baseline(args.baseline, report, report_path, _registry_report)
     result = compare(report, baseline, limits, str(report_path), args.baseline)
     text = to_markdown(result, limits, str(report_path), args.baseline)
     try:
@@ -118,18 +124,12 @@ def _server_for(planned: list[Any]) -> Any:
     return server
 
 
-def _api_url() -> str:
-    from prefect.settings import PREFECT_API_URL
-
-    return str(PREFECT_API_URL.value())
-
-
 def _serve_command(args: argparse.Namespace) -> str:
     """`orchestrator serve` with the same recipes and options: serving registers the
     deployments again, as serve is told."""
     import shlex
 
-    from orchestrator.cli.common import command_prefix
+    from orchestrator.formatting import command_prefix
 
     words = [*command_prefix(), "serve", *map(str, args.recipes)]
     for option, value in (("--cron", args.cron), ("--timezone", args.timezone)):
@@ -143,12 +143,15 @@ def _serve_command(args: argparse.Namespace) -> str:
 def cmd_deploy(args: argparse.Namespace) -> int:
     """Create or update one Prefect deployment per recipe."""
     from orchestrator.flow import deployments
+
     planned = deployments.plan_deployments(args.recipes, args.set, args.cron, args.timezone)
     server = _server_for(planned)
     try:
-        ids = deployments.apply(planned, args.work_pool)
-        api = _api_url()
-        flow = deployments.flow_name()
+        from pipelines.recipe_flow import recipe_flow  # after the server: Prefect's settings
+
+        ids = deployments.apply(planned, recipe_flow, args.work_pool)
+        api = deployments.api_url()
+        flow = deployments.FLOW_NAME
     finally:
         if server is not None:
             server.release()
@@ -177,11 +180,14 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve every recipe's deployment from this process until Ctrl-C."""
     from orchestrator.flow import deployments
+
     planned = deployments.plan_deployments(args.recipes, args.set, args.cron, args.timezone)
     server = _server_for(planned)
     try:
-        flow = deployments.flow_name()
-        api = _api_url()
+        from pipelines.recipe_flow import recipe_flow  # after the server: Prefect's settings
+
+        flow = deployments.FLOW_NAME
+        api = deployments.api_url()
         print(f"serving {len(planned)} deployment{'s' if len(planned) != 1 else ''} "
               f"(Prefect API {api}), {args.limit} run{'s' if args.limit != 1 else ''} at "
               "a time; Ctrl-C stops:")
@@ -190,7 +196,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         env = f"PREFECT_API_URL={api} " if server is not None else ""
         print(f"Run one now: {env}prefect deployment run '{flow}/{planned[0].name}'",
               flush=True)
-        deployments.serve(planned, limit=args.limit, keep_schedules=server is not None)
+        deployments.serve(planned, recipe_flow, limit=args.limit,
+                          keep_schedules=server is not None)
     finally:  # also on SIGTERM, which Prefect's runner turns into SystemExit(0)
         if server is not None:
             server.release()
@@ -243,10 +250,10 @@ def add_parsers(sub: Any) -> None:
     deploy = sub.add_parser("deploy", help="create a Prefect deployment per recipe (its "
                             "schedule: applies)")
     _deployment_options(deploy)
-    deployments.add_argument("--work-pool", default=None, metavar="NAME",
-                        help="a Prefect work pool whose workers run the deployments "
-                             "(default: none; `orchestrator serve` runs them)")
-    deployments.set_defaults(fn=cmd_deploy)
+    deploy.add_argument("--work-pool", default=None, metavar="NAME",
+                       help="a Prefect work pool whose workers run the deployments "
+                            "(default: none; `orchestrator serve` runs them)")
+    deploy.set_defaults(fn=cmd_deploy)
     serve = sub.add_parser("serve", help="serve every recipe's deployment from this process "
                            "(Prefect's serve) until Ctrl-C")
     _deployment_options(serve)

@@ -196,7 +196,7 @@ def _local_store(uri: str) -> Path | None:
 def recipe_name(path: Path) -> str:
     """The recipe's `name`, read with the recipe loader's limits but not validated: the
     dashboards show the runs of a recipe that no longer validates, too."""
-    from orchestrator.recipe.yaml_reader import load_yaml
+    from orchestrator.spec.yaml_reader import load_yaml
 
     name = load_yaml(path).data.get("name")
     if not isinstance(name, str) or not name:
@@ -275,8 +275,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 def _open(args: argparse.Namespace, dashboards: Dashboards,
           say: Callable[[str], None]) -> int:
-    from orchestrator.flow import local_server
     from orchestrator.cache import project
+    from orchestrator.flow import local_server
     target = Path(args.target) if args.target else None
     if target is not None and not target.exists():
         raise OrchestratorError("no such recipe file or project folder", file=str(target))
@@ -304,7 +304,7 @@ def _launch_mlflow(dashboards: Dashboards, uri: str, port: int | None, root: Pat
         return
     db = _local_store(uri)
     if db is not None and not db.is_file():
-        from orchestrator.cli.common import command_hint
+        from orchestrator.formatting import command_hint
 
         raise OrchestratorError("no MLflow runs here yet; run a recipe first "
                                 f"({command_hint('run', 'RECIPE')})", file=str(db))
@@ -314,7 +314,8 @@ def _launch_mlflow(dashboards: Dashboards, uri: str, port: int | None, root: Pat
 
 def _mlflow_lines(dashboards: Dashboards, uri: str, recipe: str | None) -> list[str]:
     """Wait for the MLflow UI; the lines that say where it is and what it shows."""
-    from orchestrator.tracking.common import KEY_METRICS_VIEW, SAVED_VIEW_TAG, redact
+    from orchestrator.redaction import redact
+    from orchestrator.tracking.common import KEY_METRICS_VIEW, SAVED_VIEW_TAG
 
     if dashboards.mlflow is None:
         return [f"MLflow   {redact(uri).rstrip('/')}/#/experiments?{CLASSIC_VIEW}",
@@ -355,7 +356,7 @@ def _prefect_lines(dashboards: Dashboards, own: str | None, port: int | None) ->
         if port is not None and f":{port}/" not in ui:
             note += f"; it was running already, so --prefect-port {port} is not used"
     if _get(f"{ui}ui-settings")[0] != 200:
-        from orchestrator.cli.common import command_hint
+        from orchestrator.formatting import command_hint
 
         note += ("; it serves no UI (PREFECT_UI_ENABLED is off?): stop it with "
                  f"`{command_hint('server', 'stop')}` and run this again")
@@ -377,7 +378,7 @@ def _serve(dashboards: Dashboards) -> int:
         server = dashboards.prefect
         if server is not None and not warned and not pid_alive(server.pid):
             warned = True
-            from orchestrator.cli.common import command_hint
+            from orchestrator.formatting import command_hint
 
             print(f"warning: the Prefect server stopped ({command_hint('server', 'stop')}?); "
                   "the next run starts a new one", file=sys.stderr, flush=True)

@@ -41,6 +41,7 @@ from orchestrator.data.fitting import check_fits, class_labels, fit_to_input
 from orchestrator.data.images import IMAGE_EXTENSIONS, skipped_files
 from orchestrator.data.source import (
     Chunk,
+    EvaluationData,
     LoadStats,
     Role,
     SourceKind,
@@ -50,8 +51,7 @@ from orchestrator.data.source import (
 )
 from orchestrator.errors import DataError
 from orchestrator.model.artifact import TensorSpec
-from orchestrator.recipe.models import DataSource
-from orchestrator.stages.base import EvaluationData
+from orchestrator.spec.models import DataSource
 
 __all__ = ["KINDS", "LoadStats", "SourceKind", "IMAGE_EXTENSIONS", "source_kind",
            "source_path", "representative_batches", "load_evaluation", "fingerprint",

@@ -20,7 +20,7 @@ from orchestrator.data.source import Chunk, LoadStats, Role, hash_file, log, sou
 from orchestrator.errors import DataError
 from orchestrator.limits import MAX_IMAGE_FOLDER_FILES
 from orchestrator.model.artifact import TensorSpec
-from orchestrator.recipe.models import DataSource
+from orchestrator.spec.models import DataSource
 
 # Raster formats only: Pillow also "opens" .h5, .eps, .mpg..., which are not images here.
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".bmp", ".dib",

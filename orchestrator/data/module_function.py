@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.data.callables import CallableProblem, import_callable, on_sys_path
 from orchestrator.data.batches import checked
+from orchestrator.data.callables import CallableProblem, import_callable, on_sys_path
 from orchestrator.data.source import Chunk, LoadStats, Role, hash_file
 from orchestrator.errors import DataError
 from orchestrator.model.artifact import TensorSpec
-from orchestrator.recipe.models import DataSource
+from orchestrator.spec.models import DataSource
 
 
 def check(source: DataSource, base_dir: Path, role: Role, field_path: str,

@@ -18,7 +18,7 @@ from orchestrator.data.fitting import check_dtype, check_fits, kind_name
 from orchestrator.data.source import Chunk, LoadStats, Role, hash_file, source_path
 from orchestrator.errors import DataError
 from orchestrator.model.artifact import TensorSpec
-from orchestrator.recipe.models import DataSource
+from orchestrator.spec.models import DataSource
 
 Headers = dict[str, tuple[tuple[int, ...], np.dtype]]
 

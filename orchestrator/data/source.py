@@ -15,7 +15,7 @@ import numpy as np
 
 from orchestrator import paths
 from orchestrator.errors import DataError
-from orchestrator.recipe.models import DataSource
+from orchestrator.spec.models import DataSource
 
 # the name data warnings have always been logged under (tests and users filter on it)
 log = logging.getLogger("orchestrator.data")
@@ -77,3 +77,11 @@ def hash_file(digest: Any, path: Path) -> None:
                 digest.update(block)
     except OSError as exc:
         raise DataError(f"cannot read {path}: {exc}", file=str(path)) from exc
+
+
+@dataclass(frozen=True)
+class EvaluationData:
+    """Labelled (or unlabelled) evaluation inputs. `labels` is None when the data has none."""
+
+    inputs: np.ndarray
+    labels: np.ndarray | None

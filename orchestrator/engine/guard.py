@@ -43,19 +43,19 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from orchestrator.engine.node_run import NodeOutcome, RunData
+from orchestrator.engine.plan import Node, Plan, chain_nodes
+from orchestrator.errors import OrchestratorError
+from orchestrator.formatting import layer_name, shared_scope
 from orchestrator.measure.budgets import (
     has_quality_budgets,
     quality_headline,
     quality_shortfall,
     quality_violations,
 )
-from orchestrator.errors import OrchestratorError
-from orchestrator.engine.node_run import NodeOutcome, RunData
-from orchestrator.formatting import layer_name, shared_scope
 from orchestrator.quant.layer_errors import worst_first
-from orchestrator.engine.plan import Node, Plan, chain_nodes
 from orchestrator.quant.ranges import QUANTIZABLE_OPS, WEIGHT_OPS
-from orchestrator.recipe.models import Tune
+from orchestrator.spec.models import Tune
 
 if TYPE_CHECKING:
     from tensorflow.core.framework.graph_pb2 import GraphDef

@@ -13,17 +13,17 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import DataError, ModelSourceError, OrchestratorError, StageError
-from orchestrator.model.kinds import facts as model_facts
-from orchestrator.model.artifact import ModelArtifact, TensorSpec
-from orchestrator.engine.plan import Node, Plan
-from orchestrator.stages import StageContext, get_stage
 from orchestrator.cache.store import Store, StoredResult
+from orchestrator.engine.plan import Node, Plan
+from orchestrator.errors import DataError, ModelSourceError, OrchestratorError, StageError
+from orchestrator.model.artifact import ModelArtifact, TensorSpec
+from orchestrator.model.kinds import facts as model_facts
+from orchestrator.stages import StageContext, get_stage
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from orchestrator.stages.base import EvaluationData
+    from orchestrator.data.source import EvaluationData
 
 log = logging.getLogger("orchestrator")
 

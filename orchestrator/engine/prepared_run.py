@@ -12,14 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.measure.budgets import check_output_budgets
-from orchestrator.errors import DataError, ModelSourceError, RecipeError
-from orchestrator.engine.node_run import RunData
-from orchestrator.model.kinds import facts as model_facts
-from orchestrator.model.artifact import ModelArtifact, TensorSpec
-from orchestrator.engine.plan import Plan, build_plan
-from orchestrator.recipe.loading import LoadedRecipe, load_recipe
 from orchestrator.cache.store import Store, StoredResult, open_store
+from orchestrator.engine.node_run import RunData
+from orchestrator.engine.plan import Plan, build_plan
+from orchestrator.errors import DataError, ModelSourceError, RecipeError
+from orchestrator.measure.budgets import check_output_budgets
+from orchestrator.model.artifact import ModelArtifact, TensorSpec
+from orchestrator.model.kinds import facts as model_facts
+from orchestrator.recipe.loading import LoadedRecipe, load_recipe
 
 
 @dataclass(frozen=True)

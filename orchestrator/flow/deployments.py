@@ -26,6 +26,8 @@ log = logging.getLogger("orchestrator")
 
 RECIPE_SUFFIXES = (".yaml", ".yml")
 TAG = "orchestrator"
+# pipelines/recipe_flow.py's flow, as deployments are named on the server (FLOW/DEPLOYMENT)
+FLOW_NAME = "orchestrator-recipe"
 # The local server runs no scheduler service (it is Prefect's ephemeral server): while
 # `serve` runs, it asks that server to schedule its deployments' next runs this often.
 SCHEDULE_EVERY_S = 300.0
@@ -73,7 +75,7 @@ def recipe_files(paths: Iterable[str | Path]) -> list[Path]:
 
 def check_schedule_options(cron: str | None, timezone: str | None) -> None:
     """--cron and --timezone as given on the command line (exit 2 naming the option)."""
-    from orchestrator.recipe.models import valid_cron, valid_timezone
+    from orchestrator.spec.models import valid_cron, valid_timezone
 
     for option, value, check in (("--cron", cron, valid_cron),
                                  ("--timezone", timezone, valid_timezone)):
@@ -124,15 +126,14 @@ def store_home(planned: Sequence[RecipeDeployment]) -> Path:
     return project.local_home(project.project_root(planned[0].recipe))
 
 
-def runner_deployments(planned: Sequence[RecipeDeployment], work_pool: str | None = None
-                       ) -> list[Any]:
-    """Prefect RunnerDeployments of recipe_flow, one per recipe. The flow is named by its
-    module (`pipelines.recipe_flow.recipe_flow`): a worker or a served run imports it from
-    the installed package, whatever its working directory."""
+def runner_deployments(planned: Sequence[RecipeDeployment], flow: Any,
+                       work_pool: str | None = None) -> list[Any]:
+    """Prefect RunnerDeployments of `flow` (pipelines.recipe_flow's, which the command
+    passes in: pipelines/ sits above this package), one per recipe. The flow is named by
+    its module (`pipelines.recipe_flow.recipe_flow`): a worker or a served run imports it
+    from the installed package, whatever its working directory."""
     from prefect.deployments.runner import EntrypointType
     from prefect.schedules import Cron
-
-    from pipelines.recipe_flow import recipe_flow
 
     built = []
     for item in planned:
@@ -145,12 +146,19 @@ def runner_deployments(planned: Sequence[RecipeDeployment], work_pool: str | Non
                 raise OrchestratorError(f"Prefect refuses the schedule {item.schedule_text()}:"
                                         f" {reason}", file=str(item.recipe),
                                         field="schedule") from None
-        built.append(recipe_flow.to_deployment(
+        built.append(flow.to_deployment(
             name=item.name, schedules=schedules, parameters=item.parameters,
             description=item.description or f"orchestrator recipe {item.recipe}",
             tags=[TAG, f"recipe:{item.name}"], work_pool_name=work_pool,
             entrypoint_type=EntrypointType.MODULE_PATH))
     return built
+
+
+def api_url() -> str:
+    """The Prefect API the deployments went to."""
+    from prefect.settings import PREFECT_API_URL
+
+    return str(PREFECT_API_URL.value())
 
 
 def _api_error(exc: Exception) -> OrchestratorError:
@@ -175,7 +183,8 @@ def check_work_pool(name: str) -> str:
             ) from None
 
 
-def apply(planned: Sequence[RecipeDeployment], work_pool: str | None = None) -> list[str]:
+def apply(planned: Sequence[RecipeDeployment], flow: Any, work_pool: str | None = None
+          ) -> list[str]:
     """Create or update the deployments; their ids. A recipe without a schedule loses a
     schedule an earlier deploy gave it (Prefect keeps the old one on update otherwise)."""
     from prefect.client.orchestration import get_client
@@ -183,7 +192,7 @@ def apply(planned: Sequence[RecipeDeployment], work_pool: str | None = None) -> 
     try:
         if work_pool is not None:
             check_work_pool(work_pool)
-        deployments = runner_deployments(planned, work_pool)  # every one checked first
+        deployments = runner_deployments(planned, flow, work_pool)  # every one checked first
         ids = [str(d.apply(work_pool_name=work_pool)) for d in deployments]
         with get_client(sync_client=True) as client:
             for item, deployment_id in zip(planned, ids, strict=True):
@@ -199,12 +208,6 @@ def apply(planned: Sequence[RecipeDeployment], work_pool: str | None = None) -> 
     return ids
 
 
-def flow_name() -> str:
-    from pipelines.recipe_flow import recipe_flow
-
-    return recipe_flow.name
-
-
 def _schedule_runs(names: Sequence[str]) -> None:
     """Ask the server to schedule each deployment's next runs: what its scheduler service
     does, which Prefect's ephemeral server does not run. Idempotent."""
@@ -212,7 +215,7 @@ def _schedule_runs(names: Sequence[str]) -> None:
 
     with get_client(sync_client=True) as client:
         for name in names:
-            deployment = client.read_deployment_by_name(f"{flow_name()}/{name}")
+            deployment = client.read_deployment_by_name(f"{FLOW_NAME}/{name}")
             if deployment.schedules and not deployment.paused:
                 client.request("POST", "/deployments/{id}/schedule",
                                path_params={"id": deployment.id}, json={})
@@ -227,7 +230,7 @@ def _last_updates(names: Sequence[str]) -> dict[str, Any]:
     with get_client(sync_client=True) as client:
         for name in names:
             try:
-                found[name] = client.read_deployment_by_name(f"{flow_name()}/{name}").updated
+                found[name] = client.read_deployment_by_name(f"{FLOW_NAME}/{name}").updated
             except ObjectNotFound:
                 found[name] = None
     return found
@@ -277,7 +280,7 @@ class ScheduleKeeper:
             self.thread.join(timeout=1)  # a request in flight must not hold up Ctrl-C
 
 
-def serve(planned: Sequence[RecipeDeployment], limit: int | None = 1,
+def serve(planned: Sequence[RecipeDeployment], flow: Any, limit: int | None = 1,
           keep_schedules: bool = False) -> None:
     """Serve the deployments from this process with Prefect's `serve` until Ctrl-C or
     SIGTERM; Prefect pauses their schedules when it stops. `limit`: runs at a time (one
@@ -291,8 +294,8 @@ def serve(planned: Sequence[RecipeDeployment], limit: int | None = 1,
     # stops (and pauses the schedules) as the event loop unwinds
     warnings.filterwarnings("ignore", message="coroutine 'Runner.astop' was never awaited")
 
-    deployments = runner_deployments(planned)
-    apply(planned)  # serve applies them too, but leaves a schedule dropped from a recipe
+    deployments = runner_deployments(planned, flow)
+    apply(planned, flow)  # serve applies them too, but leaves a schedule dropped from a recipe
     keeper = (ScheduleKeeper([p.name for p in planned if p.cron]) if keep_schedules
               else nullcontext())
     with keeper:

@@ -160,7 +160,7 @@ def _identity() -> dict[str, str]:
     """What a server must share with this run to be reused: the same installation and the
     same Prefect settings (PREFECT_HOME, database URL...), hashed with any URL credentials
     redacted first, as this goes to a file."""
-    from orchestrator.tracking.common import redact
+    from orchestrator.redaction import redact
 
     settings = sorted(f"{k}={redact(v)}" for k, v in os.environ.items()
                       if k.startswith("PREFECT_") and not k.startswith(_NOT_IDENTITY))
@@ -179,7 +179,7 @@ def api_lost(exc: BaseException) -> PrefectServerError | None:
     any other failure. Prefect's client has retried by then (PREFECT_CLIENT_MAX_RETRIES)."""
     import httpx
 
-    from orchestrator.tracking.common import redact
+    from orchestrator.redaction import redact
 
     seen: set[int] = set()
     cause: BaseException | None = exc

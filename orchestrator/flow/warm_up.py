@@ -32,12 +32,12 @@ def run(loaded: LoadedRecipe, store_root: Path | str, variants: list[str] | None
     """The warm-up; returns once its imports are done (they are needed next anyway).
     `prepare=False`: the stages run in other processes (Dask workers), each of which calls
     the hooks itself; a load probe started here would import TensorFlow for nothing."""
-    from orchestrator.errors import OrchestratorError
+    from orchestrator.cache.store import open_store
     from orchestrator.engine.node_run import pending, prepare_stages
     from orchestrator.engine.plan import build_plan
-    from orchestrator.results.plots import pyplot
     from orchestrator.engine.prepared_run import data_fingerprints
-    from orchestrator.cache.store import open_store
+    from orchestrator.errors import OrchestratorError
+    from orchestrator.results.plots import pyplot
 
     try:
         plan = build_plan(loaded, variants, data_fingerprints(loaded))

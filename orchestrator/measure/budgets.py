@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.formatting import MIB, apart, format_ms, format_size
-from orchestrator.stages.evaluate import OUTPUT_METRICS, output_names, safe_name
+from orchestrator.measure.fidelity import OUTPUT_METRICS, output_names, safe_name
 
 # max_size_mb and max_ram_mb are in MiB (1,048,576 bytes): what phones and their app stores
 # report; messages, tables and the page say MiB (orchestrator.formatting)
@@ -240,7 +240,7 @@ def check_output_budgets(loaded: Any, outputs: Sequence[str], metadata: Mapping[
     """Every `budgets.outputs` name must be an output of the model (as evaluate names them,
     or that name before it was made safe): else RecipeError (exit 2) at its recipe line."""
     from orchestrator.errors import RecipeError
-    from orchestrator.recipe.error_locations import make_error
+    from orchestrator.spec.error_locations import make_error
 
     names = output_names(outputs, metadata)
     for index, target in enumerate(loaded.recipe.targets):

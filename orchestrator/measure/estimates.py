@@ -45,8 +45,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from orchestrator.measure.devices import Device, core_flops_per_second
 from orchestrator.formatting import format_ms
+from orchestrator.spec.devices import Device, core_flops_per_second
 
 __all__ = ["Estimate", "estimate", "basis", "SPREAD_WARN"]
 

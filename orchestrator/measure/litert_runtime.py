@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from orchestrator.model.litert_model import interpreter
 from orchestrator.model.artifact import node_name
+from orchestrator.model.litert_model import interpreter
 
 if TYPE_CHECKING:
     from orchestrator.model.artifact import ModelArtifact

@@ -185,8 +185,8 @@ def serve(socket_path: str | None = None) -> None:
     import tensorflow  # noqa: F401 - imported once here, shared by every child
     from ai_edge_litert.interpreter import Interpreter  # noqa: F401
 
-    import orchestrator.model.encryption  # noqa: F401
     import orchestrator.measure.tf_runtime  # noqa: F401
+    import orchestrator.model.encryption  # noqa: F401
 
     answers.write(json.dumps({"ready": True}) + "\n")
     answers.flush()

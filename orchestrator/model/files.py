@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.errors import ModelSourceError, OrchestratorError, StageError
 
 if TYPE_CHECKING:
-    from orchestrator.model.keys import ModelKey
     from orchestrator.model.artifact import ModelArtifact
+    from orchestrator.model.keys import ModelKey
 
 # Suffixes the recipe's model sources read (orchestrator.model.sources.detect_format).
 _SOURCE_SUFFIXES = (".pb", ".pbtxt", ".keras", ".h5", ".meta", ".index")
@@ -113,10 +113,8 @@ def _open_source(path: Path, fmt: str | None = None, format_flag: str | None = N
                  ) -> OpenedModel:
     """A recipe model source, frozen in memory unless it is a plain frozen graph already:
     the graph a recipe's pipeline starts from after `freeze`."""
+    from orchestrator.model.freezing import freeze, function_calls
     from orchestrator.model.sources import detect_format, load_model
-    from orchestrator.stages import get_stage
-    from orchestrator.stages.base import StageContext
-    from orchestrator.stages.freeze import function_calls
 
     if fmt is None:
         try:
@@ -133,11 +131,8 @@ def _open_source(path: Path, fmt: str | None = None, format_flag: str | None = N
     how = {"saved_model": "SavedModel", "keras": "Keras model", "frozen_graph": "frozen graph",
            "checkpoint": "TF1 checkpoint"}[fmt]
     if fmt != "frozen_graph" or function_calls(artifact.graph_def):
-        freeze = get_stage("freeze")
-        result = freeze.run(artifact, freeze.params(),
-                            StageContext(pipeline="cli", stage="freeze"))
-        artifact = result.artifact
-        how += ", frozen in memory by the freeze stage"
+        artifact, _ = freeze(artifact)
+        how += ", frozen in memory as the freeze stage does"
     aliases = {k: v for k, v in (artifact.metadata.get("input_names") or {}).items() if k != v}
     return OpenedModel(path=path, artifact=artifact, how=how, aliases=aliases)
 

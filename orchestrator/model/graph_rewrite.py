@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from orchestrator.model.artifact import node_name
+from orchestrator.errors import StageError
+from orchestrator.model.artifact import ModelArtifact, node_name
 
 if TYPE_CHECKING:
     from tensorflow.core.framework.graph_pb2 import GraphDef
@@ -214,3 +215,30 @@ def constant_nodes(graph_def: GraphDef) -> set[str]:
             state[name] = pure and (node.op == "Const" or (
                 bool(deps) and all(state.get(d, False) for d in deps)))
     return {name for name, value in state.items() if value}
+
+
+def missing_io(graph_def: GraphDef, artifact: ModelArtifact) -> list[str]:
+    """The artifact's input and output nodes that `graph_def` lacks."""
+    names = {n.name for n in graph_def.node}
+    wanted = [*artifact.input_names, *artifact.outputs]
+    return [w for w in wanted if node_name(w) not in names]
+
+
+def apply_transforms(artifact: ModelArtifact, transforms: str) -> GraphDef:
+    """TF's TransformGraph on the artifact's graph (a copy), with its inputs and outputs.
+
+    Raises StageError naming the transforms on TF failures and on lost input/output nodes
+    (the runner adds the pipeline and stage).
+    """
+    from orchestrator.model import tf_adapter
+    outputs = sorted({node_name(o) for o in artifact.outputs})
+    try:
+        graph_def = tf_adapter.transform_graph(artifact.graph_def, artifact.input_names,
+                                               outputs, transforms)
+    except (ValueError, RuntimeError) as exc:  # TF's status errors surface as these
+        raise StageError(f"transforms {transforms!r} failed: {exc}") from exc
+    lost = missing_io(graph_def, artifact)
+    if lost:
+        raise StageError(f"transforms {transforms!r} removed or renamed the model's "
+                         f"input/output nodes: {', '.join(lost)}")
+    return graph_def

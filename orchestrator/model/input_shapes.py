@@ -174,8 +174,8 @@ def _tflite_with_shapes(data: bytes, shapes: Mapping[str, tuple[int, ...]]) -> b
     import numpy as np
     from ai_edge_litert.tools import flatbuffer_utils
 
-    from orchestrator.model.litert_model import describe
     from orchestrator.model.artifact import node_name
+    from orchestrator.model.litert_model import describe
 
     model = flatbuffer_utils.convert_bytearray_to_object(bytearray(data))
     subgraph = model.subgraphs[0]

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.cli.common import command_hint
 from orchestrator.errors import DataError
+from orchestrator.formatting import command_hint
 
 DEFAULT_ENV = "ORCHESTRATOR_MODEL_KEY"
 KEY_BYTES = 32

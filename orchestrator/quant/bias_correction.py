@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from orchestrator.quant import ranges as q
-from orchestrator.model.graph_rewrite import GraphIndex, const_value, copy_graph, output_index
 from orchestrator.model.artifact import tensor_name
+from orchestrator.model.graph_rewrite import GraphIndex, const_value, copy_graph, output_index
+from orchestrator.quant import ranges as q
 
 if TYPE_CHECKING:
     from tensorflow.core.framework.graph_pb2 import GraphDef

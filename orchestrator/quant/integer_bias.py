@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from orchestrator.model.graph_rewrite import GraphIndex, constant_nodes, output_index
 from orchestrator.model.artifact import node_name
+from orchestrator.model.graph_rewrite import GraphIndex, constant_nodes, output_index
 
 if TYPE_CHECKING:
     from tensorflow.core.framework.graph_pb2 import GraphDef

@@ -305,3 +305,16 @@ def float_to_quint8(values: np.ndarray, range_min: float, range_max: float) -> n
     rounded = np.sign(scaled) * np.floor(np.abs(scaled) + 0.5)  # std::round, exact in float64
     min_scaled = np.float32(_round_half_away(np.float32(rmin * scale)))
     return np.clip(rounded - min_scaled, 0, 255).astype(np.uint8)
+
+
+def run_time_quantizations(graph_def: GraphDef) -> list[str]:
+    """QuantizeV2 nodes whose range a Min and a Max compute at run time (from a float
+    tensor), in graph order."""
+    nodes = {n.name: n for n in graph_def.node}
+
+    def op_of(name: str) -> str | None:
+        node = nodes.get(name.split(":")[0].lstrip("^"))
+        return None if node is None else node.op
+
+    return [n.name for n in graph_def.node if n.op == "QuantizeV2" and len(n.input) >= 3
+            and op_of(n.input[1]) == "Min" and op_of(n.input[2]) == "Max"]

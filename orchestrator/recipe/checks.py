@@ -9,7 +9,7 @@ skips what depends on an earlier error (a lineage through a broken pipeline).
 from __future__ import annotations
 
 import difflib
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +17,8 @@ from pydantic import BaseModel, ValidationError
 
 from orchestrator.errors import RecipeError
 from orchestrator.limits import name_problem
-from orchestrator.recipe.error_locations import Loc, collected, make_error, pydantic_errors
-from orchestrator.recipe.models import Pipeline, Recipe
+from orchestrator.spec.error_locations import Loc, collected, make_error, pydantic_errors
+from orchestrator.spec.models import Pipeline, Recipe
 
 
 def parse_stage_entry(entry: Any, loc: Loc, path: Path,
@@ -218,3 +218,15 @@ def check_names(recipe: Recipe, path: Path, marks: Mapping[Loc, tuple[int, int]]
                   for i, target in enumerate(recipe.targets)]
     return [make_error(RecipeError, problem, path, loc, marks) for name, loc in named
             if (problem := name_problem(name))]
+
+
+def check_variants(loaded: Any, variants: Iterable[str] | None) -> None:
+    """`--variant NAME` names a pipeline of the loaded recipe: else exit 2 (RecipeError)
+    naming it, the recipe's pipelines and the closest one."""
+    from orchestrator.formatting import unknown_name_message
+
+    pipelines = loaded.recipe.pipelines
+    for name in variants or ():
+        if name not in pipelines:
+            raise RecipeError(unknown_name_message("variant", name, pipelines),
+                              file=str(loaded.path), field="--variant")

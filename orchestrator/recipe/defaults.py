@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pydantic import BaseModel
 
 from orchestrator.recipe.checks import lineage
-from orchestrator.recipe.models import Recipe
+from orchestrator.spec.models import Recipe
 
 # Added after the last graphdef transform of an 8-bit lineage: the shipped file's names.
 DEFAULT_COMPACTION = "compact_names"

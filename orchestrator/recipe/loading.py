@@ -37,7 +37,7 @@ from orchestrator.recipe.defaults import (
     default_compactions,
     keeps_names,
 )
-from orchestrator.recipe.error_locations import (
+from orchestrator.spec.error_locations import (
     Loc,
     RecipeErrors,
     collected,
@@ -45,8 +45,8 @@ from orchestrator.recipe.error_locations import (
     make_error,
     pydantic_errors,
 )
-from orchestrator.recipe.models import Recipe
-from orchestrator.recipe.yaml_reader import (
+from orchestrator.spec.models import Recipe
+from orchestrator.spec.yaml_reader import (
     Located,
     apply_overrides,
     check_yaml_bounds,
@@ -55,7 +55,7 @@ from orchestrator.recipe.yaml_reader import (
 )
 
 if TYPE_CHECKING:
-    from orchestrator.measure.devices import Device
+    from orchestrator.spec.devices import Device
 
 __all__ = ["COMPACTED_AFTER", "DEFAULT_COMPACTION", "LoadedRecipe", "Loc", "Located",
            "RecipeErrors",
@@ -107,7 +107,7 @@ class LoadedRecipe:
     def devices(self) -> dict[str, Device]:
         """Each target's device, resolved from its preset name or inline spec; an unknown
         one is a RecipeError at the target's `device` line."""
-        from orchestrator.measure.devices import resolve_device
+        from orchestrator.spec.devices import resolve_device
 
         devices = {}
         for index, target in enumerate(self.recipe.targets):
@@ -190,7 +190,7 @@ def _check_files(loaded: LoadedRecipe, parts: Collection[str] | None = None,
                     errors.append(loaded.error(
                         f"{param}: {shown}: {loaded.resolve(value)}",
                         ("pipelines", name, "stages", index, stage_name, param), RecipeError))
-    from orchestrator.measure.devices import resolve_device
+    from orchestrator.spec.devices import resolve_device
 
     # preset names as written: a target with another bad field (a budget's typo) still has
     # its device checked in the same run

@@ -24,7 +24,7 @@ JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
 def recipe_schema() -> dict[str, Any]:
     """The recipe's JSON Schema, with each stage's params as a one-key mapping."""
-    from orchestrator.recipe.models import Recipe
+    from orchestrator.spec.models import Recipe
     from orchestrator.stages import all_stages
 
     schema = Recipe.model_json_schema(by_alias=True)

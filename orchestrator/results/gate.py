@@ -173,18 +173,15 @@ def registry_tracking_uri(report: Mapping[str, Any], report_path: Path) -> str:
     return tracking_uri(project_root(anchor))
 
 
-def load_baseline(ref: str, report: Mapping[str, Any], report_path: Path
+def load_baseline(ref: str, report: Mapping[str, Any], report_path: Path,
+                  version_report: Callable[[str, str, str], Mapping[str, Any]]
                   ) -> dict[str, Any]:
-    """The baseline report: a report.json path, or `registry:NAME@ALIAS` (the report of
-    the model version that alias points to)."""
+    """The baseline report: a report.json path, or `registry:NAME@ALIAS`, the report of
+    the model version that alias points to, as `version_report(name, alias, tracking_uri)`
+    reads it (the Model Registry's, which the command passes in: tracking/ is above)."""
     if not ref.startswith(REGISTRY_PREFIX):
         return load_report(Path(ref))
     name, alias = parse_registry_ref(ref)
-    try:  # lazily: MLflow is heavy, and only this path needs it
-        from orchestrator.tracking.registry import version_report
-    except ImportError as exc:
-        raise OrchestratorError(f"{ref}: registry baselines need orchestrator.tracking.registry, "
-                                f"which this installation lacks ({exc})") from None
     data = version_report(name, alias, registry_tracking_uri(report, report_path))
     return check_report(data, ref)
 

@@ -271,8 +271,8 @@ def discard(folder: Path, owner: Owner) -> None:
     """After a failed run: none of the folder's outputs stay, nor its marker (a failed run
     leaves nothing behind; an empty folder belongs to no recipe). A folder of another
     recipe's (a forced run) loses what its report.json lists, as before the marker."""
-    from orchestrator.results.report import discard_outputs
     from orchestrator.cache.store import interrupts_deferred
+    from orchestrator.results.report import discard_outputs
 
     if not _same_recipe(read_owner(folder), owner):
         discard_outputs(folder)
@@ -291,3 +291,13 @@ def discard(folder: Path, owner: Owner) -> None:
                 os.rename(folder / MARKER, old / MARKER)
     finally:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def check_output_owner(out_dir: Path, recipe_name: str, recipe_path: Path | str, root: Path,
+                       force: bool = False, force_does: str | None = None) -> None:
+    """The output folder is this recipe's to replace (see the module's docstring): exit 2 naming it
+    and both recipes when it holds another's outputs or other files (unless `force`;
+    `force_does` says what --force does for the command), or the recipe, the project, the
+    store or MLflow's folder, or lies inside the store or MLflow's folder (always)."""
+    check(out_dir, owner_of(recipe_name, recipe_path), force,
+          protected_paths(root, recipe_path), force_does or REPLACES)

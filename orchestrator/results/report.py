@@ -16,10 +16,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator.model import kinds
-from orchestrator.measure.budgets import MB, broken_kinds, check_budgets
-from orchestrator.errors import OutputError
+from orchestrator.cache.store import interrupts_deferred
 from orchestrator.engine.node_run import NodeOutcome, RunData
+from orchestrator.engine.plan import Plan
+from orchestrator.errors import OutputError
 from orchestrator.formatting import (
     SIZE_UNIT_NOTE,
     apart,
@@ -28,9 +28,9 @@ from orchestrator.formatting import (
     format_size,
 )
 from orchestrator.limits import name_problem
+from orchestrator.measure.budgets import MB, broken_kinds, check_budgets
+from orchestrator.model import kinds
 from orchestrator.paths import describe_os_error
-from orchestrator.engine.plan import Plan
-from orchestrator.cache.store import interrupts_deferred
 
 
 def _merged(outcomes: list[NodeOutcome]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -83,8 +83,8 @@ def without_guard_advice(diagnostic: str) -> str:
 
 def build_variant(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, NodeOutcome],
                   devices: Mapping[str, Any]) -> dict[str, Any]:
-    from orchestrator.measure.devices import precision_of
     from orchestrator.measure.estimates import estimate
+    from orchestrator.spec.devices import precision_of
 
     nodes = plan.pipelines[name]
     own = [outcomes[n.id] for n in nodes if n.id in outcomes]

@@ -14,14 +14,15 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchestrator.data.source import EvaluationData
 from orchestrator.model.kinds import KIND_MODULES
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from orchestrator.measure.devices import Device
-    from orchestrator.model.keys import ModelKey
     from orchestrator.model.artifact import ModelArtifact
+    from orchestrator.model.keys import ModelKey
+    from orchestrator.spec.devices import Device
 
 
 class StageParams(BaseModel):
@@ -34,14 +35,6 @@ class StageParams(BaseModel):
     ignore_errors: bool = Field(
         False, description="On failure, pass the input model through unchanged and warn "
         "(explicit opt-in, as in TF's transforms).")
-
-
-@dataclass(frozen=True)
-class EvaluationData:
-    """Labelled (or unlabelled) evaluation inputs. `labels` is None when the data has none."""
-
-    inputs: np.ndarray
-    labels: np.ndarray | None
 
 
 @dataclass
@@ -145,8 +138,8 @@ def shipped_graph(artifact: ModelArtifact, ctx: StageContext) -> ModelArtifact:
     describe the shipped model (ops_header, graph_view) look at."""
     if artifact.kind == "graphdef":
         return artifact
-    from orchestrator.model.kinds import deployed_graph
     from orchestrator.model.artifact import ModelArtifact as Artifact
+    from orchestrator.model.kinds import deployed_graph
 
     return Artifact(graph_def=deployed_graph(artifact, ctx.model_key), inputs=artifact.inputs,
                     outputs=artifact.outputs, metadata=artifact.metadata)

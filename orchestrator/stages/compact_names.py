@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from orchestrator.model.graph_rewrite import copy_graph, rename_nodes
 from orchestrator.model.artifact import ModelArtifact, node_name
+from orchestrator.model.graph_rewrite import copy_graph, rename_nodes
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 

@@ -132,7 +132,7 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
 
 def _graph_flops(given: ModelArtifact, warnings: list[str]) -> int | None:
     """FLOPs of one sample through the graph (the v1 profiler, as benchmark counts them)."""
-    from orchestrator.stages.benchmark import count_flops
+    from orchestrator.measure.flops import count_flops
 
     one_sample = {spec.name: (1, *[d or 1 for d in spec.shape[1:]]) for spec in given.inputs
                   if spec.shape}

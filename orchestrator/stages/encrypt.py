@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from orchestrator.model.encryption import PAYLOAD_KINDS
 from orchestrator.errors import StageError
-from orchestrator.model.keys import DEFAULT_ENV
 from orchestrator.model.artifact import ModelArtifact
+from orchestrator.model.encryption import PAYLOAD_KINDS
+from orchestrator.model.keys import DEFAULT_ENV
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 

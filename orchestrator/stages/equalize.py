@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from pydantic import Field
 
-from orchestrator.model.graph_rewrite import GraphIndex, const_value, copy_graph, output_index
 from orchestrator.model.artifact import node_name
+from orchestrator.model.graph_rewrite import GraphIndex, const_value, copy_graph, output_index
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 

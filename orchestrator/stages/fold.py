@@ -32,6 +32,7 @@ import numpy as np
 from pydantic import Field
 
 from orchestrator.errors import StageError
+from orchestrator.model.artifact import ModelArtifact, node_name
 from orchestrator.model.graph_rewrite import (
     GraphIndex,
     control_inputs,
@@ -45,7 +46,6 @@ from orchestrator.model.graph_rewrite import (
     set_const_value,
     unique_name,
 )
-from orchestrator.model.artifact import ModelArtifact, node_name
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 

@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 from pydantic import Field
 
-from orchestrator.quant import ranges as q
 from orchestrator.errors import DataError
 from orchestrator.model.graph_rewrite import copy_graph
+from orchestrator.quant import ranges as q
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 
@@ -188,7 +188,7 @@ def freeze_quantize_ranges(graph_def: GraphDef,
     percentile rule, widened to include zero so that zero stays exact); a new graph and
     how many. Their Min/Max are left for pruning."""
     from orchestrator.model.graph_rewrite import copy_graph
-    from orchestrator.stages.log_ranges import run_time_quantizations
+    from orchestrator.quant.ranges import run_time_quantizations
 
     graph = copy_graph(graph_def)
     targets = [name for name in run_time_quantizations(graph) if name in grouped]

@@ -38,17 +38,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import Field
 
-from orchestrator.quant import ranges as q
-from orchestrator.model.graph_rewrite import copy_graph
 from orchestrator.model.artifact import tensor_name
+from orchestrator.model.graph_rewrite import copy_graph
+from orchestrator.quant import ranges as q
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 
 if TYPE_CHECKING:
     from tensorflow.core.framework.graph_pb2 import GraphDef
 
-    from orchestrator.model.artifact import ModelArtifact
     from orchestrator.measure.tf_runtime import GraphRunner
+    from orchestrator.model.artifact import ModelArtifact
 
 
 class Params(StageParams):
@@ -81,19 +81,6 @@ class _Probe:
     fallback_reason: str | None = None
     mins: list[np.ndarray] = field(default_factory=list)
     maxs: list[np.ndarray] = field(default_factory=list)
-
-
-def run_time_quantizations(graph_def: GraphDef) -> list[str]:
-    """QuantizeV2 nodes whose range a Min and a Max compute at run time (from a float
-    tensor), in graph order."""
-    nodes = {n.name: n for n in graph_def.node}
-
-    def op_of(name: str) -> str | None:
-        node = nodes.get(name.split(":")[0].lstrip("^"))
-        return None if node is None else node.op
-
-    return [n.name for n in graph_def.node if n.op == "QuantizeV2" and len(n.input) >= 3
-            and op_of(n.input[1]) == "Min" and op_of(n.input[2]) == "Max"]
 
 
 def _with_probes(logged: GraphDef, names: list[str], per_sample: bool,
@@ -286,8 +273,8 @@ def _lines(probes: list[_Probe], lows: list[np.ndarray], highs: list[np.ndarray]
 def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
     import tensorflow as tf
 
-    from orchestrator.model import tf_adapter
     from orchestrator.measure.tf_runtime import GraphRunner
+    from orchestrator.model import tf_adapter
 
     names = [n.name for n in artifact.graph_def.node if n.op == "RequantizationRange"]
     if not names:
@@ -305,7 +292,7 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
     # Per-sample reductions only pay when a run holds several samples.
     fixed = _fixed_batch_size(artifact)
     per_sample = params.per_sample and (fixed or params.batch_size) > 1
-    quantizations = run_time_quantizations(logged)
+    quantizations = q.run_time_quantizations(logged)
     graph, packed, probes = _with_probes(logged, names + quantizations, per_sample,
                                          frozenset(quantizations))
     with GraphRunner(graph, artifact.input_names, artifact.outputs) as runner:

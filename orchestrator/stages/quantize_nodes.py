@@ -34,11 +34,11 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field, model_validator
 
+from orchestrator.model.artifact import node_name
+from orchestrator.model.graph_rewrite import constant_nodes, copy_graph, rename_nodes, reset_node
 from orchestrator.quant import integer_bias
 from orchestrator.quant import kernel_support as ks
 from orchestrator.quant import ranges as q
-from orchestrator.model.graph_rewrite import constant_nodes, copy_graph, rename_nodes, reset_node
-from orchestrator.model.artifact import node_name
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from pydantic import Field
 
-from orchestrator.quant import ranges as q
 from orchestrator.model.graph_rewrite import GraphIndex, const_value, copy_graph, set_const_value
+from orchestrator.quant import ranges as q
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 

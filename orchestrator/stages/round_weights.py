@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from pydantic import Field
 
-from orchestrator.quant import ranges as q
 from orchestrator.model.graph_rewrite import const_value, copy_graph
+from orchestrator.quant import ranges as q
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 

@@ -7,9 +7,9 @@ outputs are unchanged.
 from __future__ import annotations
 
 from orchestrator.model.artifact import ModelArtifact
+from orchestrator.model.graph_rewrite import apply_transforms
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
-from orchestrator.stages.transform import apply_transforms
 
 
 class Params(StageParams):

@@ -19,9 +19,9 @@ from pydantic import Field, field_validator
 
 from orchestrator.errors import StageError
 from orchestrator.model.artifact import ModelArtifact, TensorSpec
+from orchestrator.model.graph_rewrite import apply_transforms
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
-from orchestrator.stages.transform import apply_transforms
 
 if TYPE_CHECKING:
     from tensorflow.core.framework.graph_pb2 import GraphDef

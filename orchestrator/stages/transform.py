@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field, field_validator
 
-from orchestrator.errors import StageError
-from orchestrator.model.artifact import ModelArtifact, node_name
+from orchestrator.model.artifact import ModelArtifact
+from orchestrator.model.graph_rewrite import apply_transforms
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 
 if TYPE_CHECKING:
-    from tensorflow.core.framework.graph_pb2 import GraphDef
+    pass
 
 
 class Params(StageParams):
@@ -34,33 +34,6 @@ class Params(StageParams):
         if value.count("(") != value.count(")"):
             raise ValueError(f"unbalanced parentheses in {value!r}")
         return value
-
-
-def missing_io(graph_def: GraphDef, artifact: ModelArtifact) -> list[str]:
-    """The artifact's input and output nodes that `graph_def` lacks."""
-    names = {n.name for n in graph_def.node}
-    wanted = [*artifact.input_names, *artifact.outputs]
-    return [w for w in wanted if node_name(w) not in names]
-
-
-def apply_transforms(artifact: ModelArtifact, transforms: str) -> GraphDef:
-    """TF's TransformGraph on the artifact's graph (a copy), with its inputs and outputs.
-
-    Raises StageError naming the transforms on TF failures and on lost input/output nodes
-    (the runner adds the pipeline and stage).
-    """
-    from orchestrator.model import tf_adapter
-    outputs = sorted({node_name(o) for o in artifact.outputs})
-    try:
-        graph_def = tf_adapter.transform_graph(artifact.graph_def, artifact.input_names,
-                                               outputs, transforms)
-    except (ValueError, RuntimeError) as exc:  # TF's status errors surface as these
-        raise StageError(f"transforms {transforms!r} failed: {exc}") from exc
-    lost = missing_io(graph_def, artifact)
-    if lost:
-        raise StageError(f"transforms {transforms!r} removed or renamed the model's "
-                         f"input/output nodes: {', '.join(lost)}")
-    return graph_def
 
 
 def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:

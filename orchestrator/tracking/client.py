@@ -20,16 +20,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import OrchestratorError
 from orchestrator.cache.project import project_root
 from orchestrator.cache.project import tracking_uri as project_tracking_uri
+from orchestrator.errors import OrchestratorError
+from orchestrator.redaction import is_secret_key, redact, redacted
+from orchestrator.tracking.common import PROBE_ENV
 from orchestrator.tracking.worker import numeric_values
-from orchestrator.tracking.common import PROBE_ENV, is_secret_key, redact, redacted
 
 if TYPE_CHECKING:
     from orchestrator.engine.node_run import NodeOutcome
     from orchestrator.engine.plan import Node, Plan
-    from orchestrator.recipe.models import Budgets, Target
+    from orchestrator.spec.models import Budgets, Target
 
 
 class TrackingError(OrchestratorError):

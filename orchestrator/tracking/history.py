@@ -25,9 +25,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.engine.run_names import short_commit
 from orchestrator.errors import OrchestratorError, OutputError
 from orchestrator.formatting import MIB, SIZE_UNIT_NOTE, format_ms, format_size
-from orchestrator.engine.run_names import short_commit
 
 if TYPE_CHECKING:
     from mlflow.entities import Run
@@ -79,7 +79,8 @@ class Row:
 def open_client(tracking_uri: str, recipe_name: str, recipe_arg: str) -> MlflowClient:
     """A client of the project's tracking store; HistoryError (exit 2) when it is
     unreachable, or when the local store does not exist yet (not created here)."""
-    from orchestrator.tracking.common import HTTP_DEFAULTS, probe, redact
+    from orchestrator.redaction import redact
+    from orchestrator.tracking.common import HTTP_DEFAULTS, probe
 
     if tracking_uri.startswith("sqlite:///"):
         database = Path(tracking_uri.removeprefix("sqlite:///").split("?")[0])
@@ -100,7 +101,7 @@ def open_client(tracking_uri: str, recipe_name: str, recipe_arg: str) -> MlflowC
 
 
 def no_runs(recipe_name: str, recipe_arg: str, where: str) -> HistoryError:
-    from orchestrator.cli.common import command_hint
+    from orchestrator.formatting import command_hint
 
     return HistoryError(f"no runs recorded for recipe {recipe_name!r} yet ({where}): run "
                         f"`{command_hint('run', recipe_arg)}` first")

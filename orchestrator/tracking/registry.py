@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import OrchestratorError
-from orchestrator.tracking.common import HTTP_DEFAULTS, REGISTRY_STATUS_TAG, probe, redact
+from orchestrator.redaction import redact
+from orchestrator.tracking.common import HTTP_DEFAULTS, REGISTRY_STATUS_TAG, probe
 
 if TYPE_CHECKING:
     from mlflow.entities.model_registry import ModelVersion
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.recipe.models import Target
+    from orchestrator.spec.models import Target
 
 CANDIDATE = "candidate"
 ARTIFACT_PATH = "registered_model"

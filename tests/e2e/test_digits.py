@@ -150,8 +150,8 @@ def test_int8_ships_compact_names_and_keeps_its_interface(digits_run: dict) -> N
 def test_fp32_is_flat_and_matches_the_saved_model(digits_run: dict) -> None:
     import tensorflow as tf
 
-    from orchestrator.model.artifact import ModelArtifact
     from orchestrator.measure.tf_runtime import predict
+    from orchestrator.model.artifact import ModelArtifact
 
     out = digits_run["work"] / "out1" / "fp32"
     artifact = ModelArtifact.from_bytes((out / "model.pb").read_bytes(),

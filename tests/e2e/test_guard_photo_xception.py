@@ -110,8 +110,8 @@ def test_taking_layers_to_float_never_moves_away(photo_run: dict) -> None:
 
 
 def test_the_8bit_graph_is_batch_independent(photo_run: dict) -> None:
-    from orchestrator.model.artifact import ModelArtifact
     from orchestrator.measure.tf_runtime import predict
+    from orchestrator.model.artifact import ModelArtifact
 
     folder = photo_run["work"] / "out" / "int8"
     model = ModelArtifact.from_bytes((folder / "model.pb").read_bytes(),

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from orchestrator import load_encrypted
-from orchestrator.model import kinds
 from orchestrator.cli.main import main
+from orchestrator.model import kinds
 from orchestrator.model.keys import key_id
 
 ROOT = Path(__file__).resolve().parents[2]

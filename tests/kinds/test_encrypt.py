@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from orchestrator import load_encrypted
-from orchestrator.model import kinds
 from orchestrator.cli.main import main
+from orchestrator.measure.tf_runtime import predict
+from orchestrator.model import kinds
+from orchestrator.model.artifact import ModelArtifact
 from orchestrator.model.encryption import EncryptedFormatError, decrypt, read_header
 from orchestrator.model.keys import KeyMaterialError, ModelKey, key_id, load_key, parse_key
-from orchestrator.model.artifact import ModelArtifact
-from orchestrator.measure.tf_runtime import predict
 from orchestrator.stages import StageContext, get_stage
 
 KEY = bytes(range(32))

@@ -9,8 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.model import kinds
 from orchestrator.cli.main import main
+from orchestrator.measure.tf_runtime import predict
+from orchestrator.model import kinds
+from orchestrator.model.artifact import ModelArtifact
 from orchestrator.model.memmap_format import (
     ALIGNMENT,
     GRAPH_REGION,
@@ -21,8 +23,6 @@ from orchestrator.model.memmap_format import (
     tensor_bytes,
     write_runnable,
 )
-from orchestrator.model.artifact import ModelArtifact
-from orchestrator.measure.tf_runtime import predict
 from orchestrator.stages import StageContext, get_stage
 
 POD_SKIP = {"string", "resource", "variant"}

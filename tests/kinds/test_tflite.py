@@ -16,14 +16,14 @@ import pytest
 from digits_graphs import apply
 
 from orchestrator import load_encrypted
-from orchestrator.model import kinds
-from orchestrator.model.encryption import EncryptedFormatError
 from orchestrator.errors import ModelSourceError
+from orchestrator.measure.litert_runtime import LiteRTRunner
+from orchestrator.measure.tf_runtime import open_runner, predict
+from orchestrator.model import kinds
+from orchestrator.model.artifact import ModelArtifact, TensorSpec
+from orchestrator.model.encryption import EncryptedFormatError
 from orchestrator.model.keys import KeyMaterialError, ModelKey
 from orchestrator.model.litert_model import describe, interpreter
-from orchestrator.measure.litert_runtime import LiteRTRunner
-from orchestrator.model.artifact import ModelArtifact, TensorSpec
-from orchestrator.measure.tf_runtime import open_runner, predict
 from orchestrator.stages import StageContext, get_stage
 
 KEY = bytes(range(32))

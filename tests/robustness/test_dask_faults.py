@@ -200,8 +200,8 @@ def test_kill_9_of_a_worker_mid_stage(digits_example: Path, prefect_server: None
 def _stage_keys(recipe: Path) -> dict[str, str]:
     """`pipeline/stage` -> its cache key, as the run plans it."""
     from orchestrator.engine.plan import build_plan
-    from orchestrator.recipe.loading import load_recipe
     from orchestrator.engine.prepared_run import data_fingerprints
+    from orchestrator.recipe.loading import load_recipe
 
     loaded = load_recipe(recipe)
     plan = build_plan(loaded, None, data_fingerprints(loaded))

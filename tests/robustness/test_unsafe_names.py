@@ -14,6 +14,7 @@ import pytest
 from robust_helpers import DIGITS, cache_entries, check_clean_error, cli_in_process, tree
 
 from orchestrator import limits
+
 TEMPLATE = """version: 1
 name: {recipe}
 model:

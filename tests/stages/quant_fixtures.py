@@ -18,8 +18,6 @@ import numpy as np
 import pytest
 
 from orchestrator.measure import tf_runtime  # noqa: F401  (tf_adapter: TF env defaults
-
-from orchestrator.model import tf_adapter
 from orchestrator.model.artifact import ModelArtifact, TensorSpec
 from orchestrator.quant.ranges import prune
 from orchestrator.stages import StageContext, get_stage

@@ -7,12 +7,13 @@ import os
 import numpy as np
 import pytest
 
-from orchestrator.measure.devices import PRESETS, estimate_latency_ms
 from orchestrator.measure.estimates import estimate
+from orchestrator.measure.flops import count_flops
 from orchestrator.model.artifact import ModelArtifact, TensorSpec
+from orchestrator.spec.devices import PRESETS, estimate_latency_ms
 from orchestrator.stages import get_stage
 from orchestrator.stages.base import EvaluationData, StageContext
-from orchestrator.stages.benchmark import LATENCY_KEYS, count_flops, latency_stats
+from orchestrator.stages.benchmark import LATENCY_KEYS, latency_stats
 
 M, K, N = 1, 64, 32  # FLOPs of x[1, K] @ w[K, N] = 2 * M * K * N
 

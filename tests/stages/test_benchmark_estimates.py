@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.model import tf_adapter  # noqa: F401  (TF env defaults before TF is imported
-from orchestrator.measure.devices import PRESETS
 from orchestrator.model.artifact import ModelArtifact, TensorSpec
+from orchestrator.spec.devices import PRESETS
 from orchestrator.stages import get_stage
 from orchestrator.stages.base import StageContext
 

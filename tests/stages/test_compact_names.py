@@ -7,8 +7,8 @@ import re
 
 import numpy as np
 
-from orchestrator.model.artifact import ModelArtifact, TensorSpec
 from orchestrator.measure.tf_runtime import predict
+from orchestrator.model.artifact import ModelArtifact, TensorSpec
 from orchestrator.stages import StageContext, get_stage
 
 

@@ -10,8 +10,8 @@ import pytest
 from helpers_graphs import assert_same_outputs, tf1_graph
 from helpers_tf import run
 
-from orchestrator.model.graph_rewrite import const_value
 from orchestrator.model.artifact import ModelArtifact, TensorSpec
+from orchestrator.model.graph_rewrite import const_value
 from orchestrator.stages import StageContext, get_stage
 
 SHAPE = (8, 8, 3)

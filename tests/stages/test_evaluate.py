@@ -6,10 +6,7 @@ import numpy as np
 import pytest
 
 from orchestrator.errors import StageError
-from orchestrator.model.artifact import ModelArtifact, TensorSpec
-from orchestrator.stages import get_stage
-from orchestrator.stages.base import EvaluationData, StageContext
-from orchestrator.stages.evaluate import (
+from orchestrator.measure.fidelity import (
     SQNR_CAP_DB,
     cosine,
     fidelity,
@@ -21,6 +18,9 @@ from orchestrator.stages.evaluate import (
     top1_agreement,
     top_k_accuracy,
 )
+from orchestrator.model.artifact import ModelArtifact, TensorSpec
+from orchestrator.stages import get_stage
+from orchestrator.stages.base import EvaluationData, StageContext
 
 # Four samples of three class scores; their argmax is [0, 1, 2, 1].
 SCORES = np.array([[0.9, 0.05, 0.05],
@@ -267,7 +267,7 @@ def test_class_output_beside_others_gives_accuracy_and_fidelity() -> None:
 
 def test_real_valued_rows_are_logits_only_with_labels() -> None:
     """A box regression (N, 4) is not class scores; logits are, when labels say so."""
-    from orchestrator.stages.evaluate import CLASS_SCORES, VALUES, output_kind
+    from orchestrator.measure.fidelity import CLASS_SCORES, VALUES, output_kind
 
     boxes = np.random.default_rng(0).normal(size=(50, 4)).astype(np.float32)
     assert output_kind(boxes, labelled=False) == VALUES
@@ -277,7 +277,7 @@ def test_real_valued_rows_are_logits_only_with_labels() -> None:
 
 
 def test_an_output_quantized_on_the_device_is_compared_above_half_its_step() -> None:
-    from orchestrator.stages.evaluate import compare, grid_step, logits, sqnr_db
+    from orchestrator.measure.fidelity import compare, grid_step, logits, sqnr_db
 
     rng = np.random.default_rng(0)
     logits_ = rng.normal(0, 4, (200, 7))
@@ -300,7 +300,7 @@ def test_an_output_quantized_on_the_device_is_compared_above_half_its_step() -> 
 
 
 def test_kl_divergence_is_never_negative() -> None:
-    from orchestrator.stages.evaluate import kl_divergence
+    from orchestrator.measure.fidelity import kl_divergence
 
     reference = np.array([[0.5, 0.5], [0.25, 0.75]])
     # float rounding: the 8-bit side's rows sum to a hair above 1 (KL would be -1e-8)

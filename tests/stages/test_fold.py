@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from orchestrator.model.graph_rewrite import GraphIndex, data_inputs, op_counts
 from orchestrator.model.artifact import ModelArtifact
+from orchestrator.model.graph_rewrite import GraphIndex, data_inputs, op_counts
 from orchestrator.stages import StageContext, get_stage
 from orchestrator.stages.fold import Params, run
 

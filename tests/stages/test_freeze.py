@@ -19,8 +19,9 @@ from helpers_tf import module_saved_model, run
 
 from orchestrator.errors import StageError
 from orchestrator.model.artifact import ModelArtifact, TensorSpec
+from orchestrator.model.freezing import CONTROL_FLOW_OPS
 from orchestrator.stages import StageContext, get_stage
-from orchestrator.stages.freeze import CONTROL_FLOW_OPS, Params
+from orchestrator.stages.freeze import Params
 from orchestrator.stages.freeze import run as freeze_run
 
 CALLS = {"PartitionedCall", "StatefulPartitionedCall"}

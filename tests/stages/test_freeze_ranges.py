@@ -8,11 +8,10 @@ import pytest
 import quant_fixtures
 from quant_fixtures import accuracy, agreement, apply, nodes, ops, predict
 
-from orchestrator.quant import layer_errors
-
 from orchestrator.model import tf_adapter
-from orchestrator.model.graph_rewrite import const_value
 from orchestrator.model.artifact import ModelArtifact
+from orchestrator.model.graph_rewrite import const_value
+from orchestrator.quant import layer_errors
 from orchestrator.quant.ranges import frozen_range, parse_range_log
 from orchestrator.stages import get_stage
 from orchestrator.stages.freeze_ranges import nudged_range

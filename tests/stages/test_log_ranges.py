@@ -11,11 +11,15 @@ import pytest
 import quant_fixtures
 from quant_fixtures import apply, ops
 
-from orchestrator.model.artifact import ModelArtifact, tensor_name
-from orchestrator.quant.ranges import format_range_line, frozen_range, parse_range_log
 from orchestrator.measure.tf_runtime import GraphRunner
+from orchestrator.model.artifact import ModelArtifact, tensor_name
+from orchestrator.quant.ranges import (
+    format_range_line,
+    frozen_range,
+    parse_range_log,
+    run_time_quantizations,
+)
 from orchestrator.stages import get_stage
-from orchestrator.stages.log_ranges import run_time_quantizations
 
 # Fixtures shared by the eight-bit stage tests: bound here so that pytest finds them.
 cnn = quant_fixtures.cnn

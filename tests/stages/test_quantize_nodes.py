@@ -10,8 +10,8 @@ import quant_fixtures
 from pydantic import ValidationError
 from quant_fixtures import accuracy, agreement, apply, freeze, nodes, ops, predict
 
-from orchestrator.model.graph_rewrite import copy_graph
 from orchestrator.model.artifact import ModelArtifact, TensorSpec
+from orchestrator.model.graph_rewrite import copy_graph
 from orchestrator.quant.ranges import weight_stats
 from orchestrator.stages import get_stage
 

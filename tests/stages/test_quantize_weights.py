@@ -9,10 +9,10 @@ import quant_fixtures
 from pydantic import ValidationError
 from quant_fixtures import agreement, apply, nodes, ops, predict
 
-from orchestrator.model.graph_rewrite import const_value, copy_graph
 from orchestrator.model.artifact import ModelArtifact, TensorSpec
-from orchestrator.stages import get_stage
+from orchestrator.model.graph_rewrite import const_value, copy_graph
 from orchestrator.model.tf_adapter import transform_graph
+from orchestrator.stages import get_stage
 
 # Fixtures shared by the eight-bit stage tests: bound here so that pytest finds them.
 cnn = quant_fixtures.cnn

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.model.kinds import KeyLookup, signature_fields
 from orchestrator.model.artifact import ModelArtifact
+from orchestrator.model.kinds import KeyLookup, signature_fields
 
 NAME = "graphdef"
 FILE_NAME = "model.pb"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from orchestrator.model.kinds import KeyLookup, payload_artifact, payload_bytes
 from orchestrator.model.artifact import ModelArtifact
+from orchestrator.model.kinds import KeyLookup, payload_artifact, payload_bytes
 
 NAME = "memmapped"
 FILE_NAME = "model.mmap"

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.model.kinds import KeyLookup, payload_artifact, payload_bytes
 from orchestrator.model.artifact import ModelArtifact
+from orchestrator.model.kinds import KeyLookup, payload_artifact, payload_bytes
 
 NAME = "tflite"
 FILE_NAME = "model.tflite"

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator import paths
-from orchestrator.model import tf_adapter  # noqa: F401  (sets TF env defaults before TF is imported)
 from orchestrator.errors import ModelSourceError
+from orchestrator.model import tf_adapter  # noqa: F401  (sets TF env defaults before TF is imported)
 from orchestrator.model.artifact import ModelArtifact, TensorSpec
 
 __all__ = ["FORMATS", "detect_format", "load_model"]

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.model import graph_info
 from orchestrator.errors import ModelSourceError
+from orchestrator.model import graph_info
 from orchestrator.model.artifact import ModelArtifact, TensorSpec, node_name
 
 if TYPE_CHECKING:

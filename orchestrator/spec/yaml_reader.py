@@ -15,7 +15,7 @@ import yaml
 from orchestrator import paths
 from orchestrator.errors import RecipeError
 from orchestrator.limits import MAX_NESTING_DEPTH, MAX_RECIPE_BYTES, MAX_YAML_NODES
-from orchestrator.recipe.error_locations import Loc, dotted, make_error
+from orchestrator.spec.error_locations import Loc, dotted, make_error
 
 
 @dataclass

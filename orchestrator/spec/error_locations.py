@@ -15,7 +15,7 @@ from typing import Any, Union, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 
 from orchestrator.errors import OrchestratorError, RecipeError
-from orchestrator.recipe.models import Recipe
+from orchestrator.spec.models import Recipe
 
 # a recipe field's path: keys and list indices (`("pipelines", "int8", "stages", 0)`)
 Loc = tuple[str | int, ...]

@@ -16,8 +16,8 @@ from pydantic import (
     model_validator,
 )
 
-from orchestrator.measure.devices import Device
 from orchestrator.limits import MAX_PIPELINES, MAX_STAGES_PER_PIPELINE, MAX_TARGETS
+from orchestrator.spec.devices import Device
 
 
 class Strict(BaseModel):
