@@ -137,7 +137,7 @@ def recipe_runs(client: MlflowClient, recipe_name: str, last: int | None = None
         return None
     # a parent run has the recipe's path as a tag; its pipelines' and trials' runs do not
     query = (f"tags.`orchestrator.recipe_name` = '{_quoted(recipe_name)}' "
-             "and tags.`orchestrator.recipe.loading` LIKE '%'")
+             "and tags.`orchestrator.recipe` LIKE '%'")
     runs: list[Run] = []
     token = None
     while True:

@@ -123,7 +123,7 @@ def _ensure_registered_model(client: MlflowClient, name: str,
 
     try:
         client.create_registered_model(
-            name, tags={"orchestrator.recipe.loading": str(report.get("recipe_path"))},
+            name, tags={"orchestrator.recipe": str(report.get("recipe_path"))},
             description=f"The deployable files of recipe {name}, one folder per target.")
     except MlflowException as exc:
         if exc.error_code != "RESOURCE_ALREADY_EXISTS":  # a run before (or beside) this one

@@ -44,6 +44,7 @@ from typing import Any
 
 from orchestrator.cache.project import local_tracking_folder
 from orchestrator.engine.run_names import distinct_name, git_commit, run_name
+from orchestrator.redaction import SECRET_WORDS, is_secret_key, redact, redacted
 from orchestrator.tracking.common import (
     HTTP_DEFAULTS,
     KEY_METRICS_VIEW,
@@ -52,12 +53,8 @@ from orchestrator.tracking.common import (
     PROBE_TIMEOUT_S,
     REGISTRY_STATUS_TAG,
     SAVED_VIEW_TAG,
-    SECRET_WORDS,
     VIEW_QUERY,
-    is_secret_key,
     probe,
-    redact,
-    redacted,
 )
 
 # re-exported: older callers import them from here
@@ -303,7 +300,7 @@ class MlflowLogger:
             self.experiment_id = self._experiment(name, message.get("description"))
             self.run_name = distinct_name(base, self._names_like(base))
             parent = self.client.create_run(self.experiment_id, run_name=self.run_name)
-        tags = {"orchestrator.recipe.loading": str(recipe_path), "orchestrator.recipe_name": name,
+        tags = {"orchestrator.recipe": str(recipe_path), "orchestrator.recipe_name": name,
                 "mlflow.source.name": str(recipe_path)}
         if self.commit:
             tags["mlflow.source.git.commit"] = self.commit.removesuffix("-dirty")

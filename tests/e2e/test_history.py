@@ -70,7 +70,7 @@ def _died_run(uri: str, recipe: Path) -> str:
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("digits-cnn").experiment_id
     run = client.create_run(experiment, run_name="digits-cnn@died",
-                            tags={"orchestrator.recipe.loading": str(recipe),
+                            tags={"orchestrator.recipe": str(recipe),
                                   "orchestrator.recipe_name": "digits-cnn"})
     client.log_param(run.info.run_id, "targets", "phone, pi")
     client.log_param(run.info.run_id, "recipe.git_commit", "none")
