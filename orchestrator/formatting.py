@@ -201,3 +201,8 @@ def _shortest(path: str) -> str:
     except ValueError:  # another drive
         return path
     return relative if len(relative) < len(path) else path
+
+
+# `extra=` of a log record the console already shows another way (the progress display,
+# the summary): it goes to the Prefect run's logs only (the CLI's console handler skips it)
+NOT_ON_CONSOLE = {"console": False}

@@ -35,6 +35,7 @@ nested MLflow run, and tabled in report.json with every decision.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -46,7 +47,7 @@ from pydantic import BaseModel
 from orchestrator.engine.node_run import NodeOutcome, RunData
 from orchestrator.engine.plan import Node, Plan, chain_nodes
 from orchestrator.errors import OrchestratorError
-from orchestrator.formatting import layer_name, shared_scope
+from orchestrator.formatting import NOT_ON_CONSOLE, layer_name, shared_scope
 from orchestrator.measure.budgets import (
     has_quality_budgets,
     quality_headline,
@@ -56,6 +57,8 @@ from orchestrator.measure.budgets import (
 from orchestrator.quant.layer_errors import worst_first
 from orchestrator.quant.ranges import QUANTIZABLE_OPS, WEIGHT_OPS
 from orchestrator.spec.models import Tune
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from tensorflow.core.framework.graph_pb2 import GraphDef
@@ -643,4 +646,7 @@ def apply_guard(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, Nod
     if name not in guarded_pipelines(plan):
         return None
     tune = plan.recipe.recipe.tune or Tune()
-    return guard_pipeline(name, plan, data, outcomes, submit, tune, on_trial)
+    result = guard_pipeline(name, plan, data, outcomes, submit, tune, on_trial)
+    if result.verdict:  # the console shows it with the variant's warnings
+        log.warning("%s: %s", name, result.verdict, extra=NOT_ON_CONSOLE)
+    return result

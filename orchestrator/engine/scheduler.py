@@ -1,53 +1,99 @@
-"""Run a plan's nodes by their dependencies, each as soon as its input model is ready.
+"""Run a plan: every pipeline's nodes by their dependencies, and each pipeline's guard.
+
+One scheduler for every run; what differs is the `Worker` that runs a node:
+- local: one node at a time, in this thread, in the order a reader expects (pipelines in
+  recipe order, stages in pipeline order; TensorFlow already uses every core);
+- parallel: each node submitted to a task runner's workers (Dask) as soon as the node that
+  made its input model is submitted, with that node's future to wait for.
 
 A node waits for the node that made its input model: the node before it in its pipeline,
 or, for the first node of a `from:` pipeline, its parent's last transform (the parent's
 measuring stages are no one's input). A node with the same cache key as one submitted
-before waits for that one, and then finds its result in the store. A `from:` child of a
-guarded pipeline is planned only after the guard has chosen its parent's final model
-(Plan.replan), as in a sequential run.
+before waits for that one, and then finds its result in the store. A guarded pipeline's
+`from:` children are planned only once its guard has chosen its final model (Plan.replan).
+The guard's trials run through the same worker, one after another.
 
-Nothing here knows Prefect or Dask: `submit(node, wait_for)` returns a future with
-`add_done_callback(fn)` and `result()` (a Prefect future on any task runner), and only
-node ids and small outcomes pass through here.
+Nothing here knows Prefect or Dask: a parallel worker's `submit(node, wait_for)` returns a
+future with `add_done_callback(fn)` and `result()`, and only node ids and small outcomes
+pass through here.
 """
 
 from __future__ import annotations
 
 import queue
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.engine.node_run import NodeOutcome
+from orchestrator.engine.guard import GuardResult, apply_guard, guarded_pipelines
+from orchestrator.engine.node_run import NodeOutcome, RunData
 from orchestrator.engine.plan import Node, Plan
 
-Submit = Callable[[Node, list[Any]], Any]
+# notify(method, *args): the run's observers (progress display, tracking): on_node_start,
+# on_node_end, on_node_error, on_guard_trial
 Notify = Callable[..., None]
-# guard(pipeline, outcomes so far) -> a GuardResult (nodes, outcomes) or None
-Guard = Callable[[str, dict[str, NodeOutcome]], Any]
-# explain(node, error) -> the error to report: the task runner's own failures (a worker
-# that died) as the stage's error, anything else unchanged
-Explain = Callable[[Node, BaseException], BaseException]
 
 
-def run_by_dependencies(plan: Plan, submit: Submit, notify: Notify, guard: Guard,
-                        guarded: Sequence[str], explain: Explain | None = None
-                        ) -> tuple[dict[str, NodeOutcome], dict[str, Any]]:
-    """Every pipeline of `plan` and its guard; (outcomes by node id in the order a
-    sequential run gives them, guard results by pipeline). The first stage to fail raises
-    its error, as `explain` gives it (after on_node_error); stages still running are left
-    to the task runner."""
-    return _Run(plan, submit, notify, guard, set(guarded),
-                explain or (lambda _node, error: error)).run()
+def _unchanged(_node: Node, error: BaseException) -> BaseException:
+    return error
+
+
+@dataclass
+class Worker:
+    """Where a node runs. `run(node)` runs it in this thread and returns its outcome;
+    `submit(node, wait_for)`, when given, hands it to parallel workers instead and returns
+    a future. `explain(node, error)` turns the task runner's own failures (a worker that
+    died) into the stage's error and leaves any other error as it is."""
+
+    run: Callable[[Node], NodeOutcome]
+    submit: Callable[[Node, list[Any]], Any] | None = None
+    explain: Callable[[Node, BaseException], BaseException] = _unchanged
+
+    @property
+    def parallel(self) -> bool:
+        return self.submit is not None
+
+
+@dataclass
+class PlanResult:
+    """Every node's outcome, in the order a sequential run gives them (a guarded pipeline's
+    chosen trial in place of its first run), and the guard's result per guarded pipeline."""
+
+    outcomes: dict[str, NodeOutcome]
+    guarded: dict[str, GuardResult] = field(default_factory=dict)
+
+
+def run_plan(plan: Plan, data: RunData, worker: Worker, notify: Notify) -> PlanResult:
+    """Run every pipeline of `plan` and its guard. The first stage to fail raises its
+    error (after on_node_error); stages still running on parallel workers are left to the
+    task runner."""
+    return _Run(plan, data, worker, notify).run()
+
+
+class _Finished:
+    """A node run in this thread, as a future that is already done."""
+
+    def __init__(self, run: Callable[[], NodeOutcome]) -> None:
+        self.outcome: NodeOutcome | None = None
+        self.error: BaseException | None = None
+        try:
+            self.outcome = run()
+        except BaseException as exc:  # noqa: BLE001  (raised again by result())
+            self.error = exc
+
+    def result(self) -> NodeOutcome:
+        if self.error is not None:
+            raise self.error
+        assert self.outcome is not None
+        return self.outcome
 
 
 class _Run:
-    def __init__(self, plan: Plan, submit: Submit, notify: Notify, guard: Guard,
-                 guarded: set[str], explain: Explain) -> None:
-        self.plan, self.submit, self.notify, self.guard = plan, submit, notify, guard
-        self.explain = explain
-        self.guarded = guarded
+    def __init__(self, plan: Plan, data: RunData, worker: Worker, notify: Notify) -> None:
+        self.plan, self.data, self.worker, self.notify = plan, data, worker, notify
+        self.guarded = set(guarded_pipelines(plan))
         self.futures: dict[str, Any] = {}  # node id -> future
+        self.queued: list[tuple[Node, list[str]]] = []  # local: (node, its dependencies)
         self.first_with_key: dict[str, str] = {}  # cache key -> first node id submitted
         self.producer: dict[str, str] = {}  # model key -> transform node id that makes it
         self.blocked_by: dict[str, set[str]] = {}  # node id -> unfinished dependencies
@@ -57,26 +103,48 @@ class _Run:
         self.done: queue.SimpleQueue[Node] = queue.SimpleQueue()
         self.outcomes: dict[str, NodeOutcome] = {}
         self.order: dict[str, list[str]] = {}  # pipeline -> its outcome ids, sequential order
-        self.trials: dict[str, Any] = {}
+        self.results: dict[str, GuardResult] = {}
         self.submitted: set[str] = set()
         self.settled: set[str] = set()
 
-    def run(self) -> tuple[dict[str, NodeOutcome], dict[str, Any]]:
+    def run(self) -> PlanResult:
         self.launch_ready()
         while len(self.settled) < len(self.plan.pipelines):
+            if not self.worker.parallel and self.done.empty():
+                self.run_next_queued()
             node = self.done.get()
             try:
                 outcome = self.futures[node.id].result()
             except BaseException as exc:
-                error = self.explain(node, exc)
-                self.notify("on_node_error", node, error)
+                error = self.failed(node, exc)
                 if error is exc:
                     raise
                 raise error from exc
             self.node_finished(node, outcome)
         ordered = {i: self.outcomes[i] for name in self.plan.pipelines
                    for i in self.order.get(name, [])}
-        return ordered, self.trials
+        return PlanResult(ordered, self.results)
+
+    def failed(self, node: Node, exc: BaseException) -> BaseException:
+        """The error to raise for `node` (the worker's own failure explained as the
+        stage's), its observers told."""
+        error = self.worker.explain(node, exc)
+        self.notify("on_node_error", node, error)
+        return error
+
+    def run_now(self, node: Node) -> NodeOutcome:
+        """One node run to its end, its observers told: a guard trial."""
+        self.notify("on_node_start", node)
+        try:
+            outcome = (self.worker.submit(node, []).result() if self.worker.submit is not None
+                       else self.worker.run(node))
+        except BaseException as exc:
+            error = self.failed(node, exc)
+            if error is exc:
+                raise
+            raise error from exc
+        self.notify("on_node_end", outcome)
+        return outcome
 
     def launch_ready(self) -> None:
         """Submit each pipeline whose parent's final model is known: no parent, a parent
@@ -110,15 +178,27 @@ class _Run:
             deps.append(twin)  # the same computation: a cache hit once that one is stored
         if node.kind == "transform":
             self.producer.setdefault(node.output_model_key, node.id)
+        if not self.worker.parallel:  # runs when nothing else does, its dependencies done
+            self.queued.append((node, deps))
+            return
         waiting = {d for d in deps if d in self.futures and d not in self.finished}
         self.blocked_by[node.id] = waiting
         for dep in waiting:
             self.dependents.setdefault(dep, []).append(node)
-        future = self.submit(node, [self.futures[d] for d in deps if d in self.futures])
-        self.futures[node.id] = future
         if not waiting:
             self.notify("on_node_start", node)
+        future = self.worker.submit(node, [self.futures[d] for d in deps if d in self.futures])
+        self.futures[node.id] = future
         future.add_done_callback(lambda _future, node=node: self.done.put(node))
+
+    def run_next_queued(self) -> None:
+        """Local: the first queued node whose dependencies have finished, run here."""
+        index = next(i for i, (_, deps) in enumerate(self.queued)
+                     if all(d in self.finished for d in deps))
+        node, _ = self.queued.pop(index)
+        self.notify("on_node_start", node)
+        self.futures[node.id] = _Finished(lambda: self.worker.run(node))
+        self.done.put(node)
 
     def node_finished(self, node: Node, outcome: NodeOutcome) -> None:
         self.finished.add(node.id)
@@ -134,13 +214,14 @@ class _Run:
             self.pipeline_finished(node.pipeline)
 
     def pipeline_finished(self, name: str) -> None:
-        """Its guard (trials run through the same task runner, one after another, while
-        the other pipelines go on), then the children it held back."""
-        guarded = self.guard(name, self.outcomes)
+        """Its guard (trials run one after another, while the other pipelines go on where
+        the worker is parallel), then the children it held back."""
+        guarded = apply_guard(name, self.plan, self.data, self.outcomes, self.run_now,
+                              on_trial=lambda *trial: self.notify("on_guard_trial", *trial))
         if guarded is not None:
             self.plan.pipelines[name] = guarded.nodes
             self.outcomes.update(guarded.outcomes)
             self.order[name] += [i for i in guarded.outcomes if i not in self.order[name]]
-            self.trials[name] = guarded
+            self.results[name] = guarded
         self.settled.add(name)
         self.launch_ready()

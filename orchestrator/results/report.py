@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.cache.store import interrupts_deferred
+from orchestrator.engine.guard import GuardResult
 from orchestrator.engine.node_run import NodeOutcome, RunData
 from orchestrator.engine.plan import Plan
 from orchestrator.errors import OutputError
@@ -272,9 +273,14 @@ def _ms_pair(first: float, second: float) -> tuple[str, str]:
 
 
 def build_report(plan: Plan, data: RunData, outcomes: Mapping[str, NodeOutcome],
-                 devices: Mapping[str, Any], variants: list[str], run_id: str | None
-                 ) -> dict[str, Any]:
+                 devices: Mapping[str, Any], variants: list[str], run_id: str | None,
+                 guarded: Mapping[str, GuardResult] | None = None) -> dict[str, Any]:
+    """report.json's content: each variant (with its guard's trials, decisions and verdict
+    where the guard ran), which budgets broke, the selection per target and its reasons."""
     built = {name: build_variant(name, plan, data, outcomes, devices) for name in variants}
+    for name, result in (guarded or {}).items():
+        if name in built:
+            with_guard(built[name], result)
     for variant in built.values():  # which budgets broke: the cells the report marks
         for result in variant["targets"].values():
             result["broken"] = broken_kinds(result["violations"])
@@ -290,6 +296,16 @@ def build_report(plan: Plan, data: RunData, outcomes: Mapping[str, NodeOutcome],
             "variants": built,
             "selected": selected,
             "selection_reasons": selection_reasons(built, selected)}
+
+
+def with_guard(variant: dict[str, Any], result: GuardResult) -> None:
+    """The guard's trials table and decisions in the variant; its verdict (the search's
+    answer) also among the variant's warnings, where the console shows them."""
+    variant["trials"] = result.trials
+    variant["guard_decisions"] = result.decisions
+    if result.verdict:
+        variant["guard_verdict"] = result.verdict
+        variant.setdefault("warnings", []).append(result.verdict)
 
 
 def data_summary(plan: Plan) -> dict[str, Any]:
