@@ -47,8 +47,10 @@ demo: $(EXAMPLE) $(DEMO_KEY)
 	ORCHESTRATOR_MODEL_KEY="$$(cat $(DEMO_KEY))" $(VENV)/bin/orchestrator run recipes/digits.yaml
 	@echo "the orchestrator command: . $(VENV)/bin/activate (or run $(VENV)/bin/orchestrator)"
 
-# Ends with the 15 slowest tests, so that each change sees what it costs
+# The import layers first (docs/architecture.md; contracts in pyproject.toml), then the
+# suite; it ends with the 15 slowest tests, so that each change sees what it costs
 test: $(EXAMPLE) $(TEST_STAMP)
+	$(VENV)/bin/lint-imports --no-logo --no-cache
 	$(PY) -m pytest -q --durations=15
 
 lint: $(TEST_STAMP)
