@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from orchestrator.cli import main as cli
+from orchestrator.cli import run as run_commands
 from orchestrator.errors import DataError, StageError
 
 
@@ -20,7 +21,7 @@ def _raising(exc: BaseException) -> Callable[[argparse.Namespace], int]:
 
 def test_internal_error_exits_70_with_traceback(monkeypatch: pytest.MonkeyPatch,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(cli, "cmd_schema", _raising(RuntimeError("boom")))
+    monkeypatch.setattr(run_commands, "cmd_schema", _raising(RuntimeError("boom")))
     assert cli.main(["schema"]) == 70
     err = capsys.readouterr().err
     assert "internal error: RuntimeError: boom" in err
@@ -30,10 +31,10 @@ def test_internal_error_exits_70_with_traceback(monkeypatch: pytest.MonkeyPatch,
 
 def test_orchestrator_errors_keep_their_codes(monkeypatch: pytest.MonkeyPatch,
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(cli, "cmd_schema", _raising(StageError("bad", pipeline="p",
+    monkeypatch.setattr(run_commands, "cmd_schema", _raising(StageError("bad", pipeline="p",
                                                                stage="fold")))
     assert cli.main(["schema"]) == 3
-    monkeypatch.setattr(cli, "cmd_schema", _raising(DataError("no data", file="d.npz")))
+    monkeypatch.setattr(run_commands, "cmd_schema", _raising(DataError("no data", file="d.npz")))
     assert cli.main(["schema"]) == 2
     err = capsys.readouterr().err
     assert "stage p/fold failed: bad" in err and "d.npz: no data" in err
@@ -42,13 +43,13 @@ def test_orchestrator_errors_keep_their_codes(monkeypatch: pytest.MonkeyPatch,
 
 def test_keyboard_interrupt_exits_130(monkeypatch: pytest.MonkeyPatch,
                                       capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(cli, "cmd_schema", _raising(KeyboardInterrupt()))
+    monkeypatch.setattr(run_commands, "cmd_schema", _raising(KeyboardInterrupt()))
     assert cli.main(["schema"]) == 130
     assert "Traceback" not in capsys.readouterr().err
 
 
 def test_system_exit_is_not_an_internal_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "cmd_schema", _raising(SystemExit(4)))
+    monkeypatch.setattr(run_commands, "cmd_schema", _raising(SystemExit(4)))
     with pytest.raises(SystemExit) as info:
         cli.main(["schema"])
     assert info.value.code == 4
@@ -74,7 +75,7 @@ def test_interrupt_that_a_library_wraps_exits_130(monkeypatch: pytest.MonkeyPatc
             raise ValueError("Error calling function `_ser_model`: KeyboardInterrupt") from exc
         return 0
 
-    monkeypatch.setattr(cli, "cmd_validate", interrupted_mid_import)
+    monkeypatch.setattr(run_commands, "cmd_validate", interrupted_mid_import)
     assert cli.main(["validate", "any.yaml"]) == 130
     err = capsys.readouterr().err
     assert "interrupted" in err and "internal error" not in err
@@ -83,7 +84,7 @@ def test_interrupt_that_a_library_wraps_exits_130(monkeypatch: pytest.MonkeyPatc
     def plain_bug(args: object) -> int:
         raise ValueError("a real bug")
 
-    monkeypatch.setattr(cli, "cmd_validate", plain_bug)
+    monkeypatch.setattr(run_commands, "cmd_validate", plain_bug)
     assert cli.main(["validate", "any.yaml"]) == 70
     assert "internal error: ValueError: a real bug" in capsys.readouterr().err
 
@@ -100,7 +101,7 @@ def test_a_run_started_with_sigint_ignored_leaves_it_ignored(
         seen.append(signal.getsignal(signal.SIGINT))
         return 0
 
-    monkeypatch.setattr(cli, "cmd_validate", validate)
+    monkeypatch.setattr(run_commands, "cmd_validate", validate)
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         assert cli.main(["validate", "any.yaml"]) == 0
@@ -156,4 +157,4 @@ def test_validate_without_added_stages_says_none(tmp_path: object) -> None:
     recipe.write_text(f"version: 1\nname: r\nmodel: {{path: {model}}}\n"
                       "targets: [{name: t, device: phone-2016}]\n"
                       "pipelines: {fp32: {stages: [freeze]}}\n")
-    assert cli.validate_summary(load_recipe(recipe)) == "1 pipeline, 1 stage, 1 target"
+    assert run_commands.validate_summary(load_recipe(recipe)) == "1 pipeline, 1 stage, 1 target"

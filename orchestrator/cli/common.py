@@ -16,6 +16,19 @@ def print_error(exc: OrchestratorError) -> int:
     return exc.exit_code
 
 
+# Ctrl-C seen while a command runs (cli.main notes them)
+interrupts_seen: list[int] = []
+
+
+def command_error(exc: OrchestratorError) -> int:
+    """A command's error: `interrupted` (130) when a Ctrl-C inside a library (a model
+    loading) became that error, else its `error: ...` line and exit code."""
+    if interrupts_seen:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return print_error(exc)
+
+
 def positive_int(text: str) -> int:
     """argparse type: a whole number >= 1 (a usage error, exit 2, otherwise)."""
     try:

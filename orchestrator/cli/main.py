@@ -16,184 +16,10 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
 
-from orchestrator.cli.common import print_error
+from orchestrator.cli.common import command_error, interrupts_seen
 from orchestrator.errors import OrchestratorError
-
-if TYPE_CHECKING:
-    from orchestrator.recipe.loading import LoadedRecipe
-
-# Ctrl-C seen while a command runs (see _interrupts_noted)
-_interrupts_seen: list[int] = []
-
-
-def _error(exc: OrchestratorError) -> int:
-    if _interrupts_seen:  # Ctrl-C inside a library (a model loading) became its error
-        print("interrupted", file=sys.stderr)
-        return 130
-    return print_error(exc)
-
-
-def cmd_validate(args: argparse.Namespace) -> int:
-    from orchestrator.recipe.loading import load_recipe
-
-    code = 0
-    for path in args.recipes:
-        try:
-            loaded = load_recipe(path, args.set)
-        except OrchestratorError as exc:
-            code = max(code, _error(exc))
-            continue
-        print(f"{path}: ok ({validate_summary(loaded)})")
-    return code
-
-
-def validate_summary(loaded: LoadedRecipe) -> str:
-    """`5 pipelines, 22 stages + 1 added by default: int8 › compact_names; 2 targets`: the
-    stages the YAML lists, then those a run adds (the count a run's log shows is their sum)."""
-    added = [f"{pipeline} › {loaded.stages[pipeline][index][0]}"
-             for pipeline, indices in loaded.added.items() for index in indices]
-    listed = sum(len(s) for s in loaded.stages.values()) - len(added)
-    stages = f"{listed} stage{'s' if listed != 1 else ''}"
-    if added:
-        stages += f" + {len(added)} added by default: {', '.join(added)};"
-    else:
-        stages += ","
-    targets = len(loaded.recipe.targets)
-    return (f"{len(loaded.stages)} pipeline{'s' if len(loaded.stages) != 1 else ''}, "
-            f"{stages} {targets} target{'s' if targets != 1 else ''}")
-
-
-def cmd_schema(args: argparse.Namespace) -> int:
-    from orchestrator.recipe import schema
-    if args.output is None:
-        print(schema.schema_text(), end="")
-        return 0
-    try:
-        schema.write_schema(args.output)
-    except OSError as exc:
-        print(f"error: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    print(f"wrote the recipe schema to {args.output}")
-    return 0
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    from orchestrator.cache import project
-    from orchestrator.flow import local_server, task_runners, warm_up
-    from orchestrator.recipe.checks import check_variants
-    from orchestrator.recipe.loading import load_recipe
-    from orchestrator.results import output_folder
-    from orchestrator.results.progress import ConsoleProgress
-    from orchestrator.tracking import client as tracking_client
-
-    server = None
-    try:
-        loaded = load_recipe(args.recipe, args.set)
-        check_variants(loaded, args.variant)
-        root = project.project_root(loaded.path)
-        store_root = project.store_dir(root)
-        output = None if args.output is None else os.path.abspath(args.output)
-        out_dir = project.output_dir(root, loaded.recipe.name, output)
-        # before the server starts: a folder that cannot be written, or that holds another
-        # recipe's outputs, is exit 2 at once (the flow checks again: deployments)
-        project.check_folders(out_dir, store_root, root)
-        output_folder.check_output_owner(out_dir, loaded.recipe.name, loaded.path, root,
-                                         args.force)
-        # MLflow's import (in the tracking worker) and a booting Prefect server (~2.5 s,
-        # unless an earlier run's is up) run beside Prefect's import and the flow's start
-        tracking_client.prestart(project.tracking_uri(root))
-        server = local_server.start_if_needed(project.local_home(root))
-        # TensorFlow's import (when stages are to run) while the server boots; the stages'
-        # helpers (load probe) too, unless the stages run on a scheduler's workers elsewhere
-        chosen = task_runners.resolve(loaded, args.executor, args.dask_address)
-        warm_up.run(loaded, store_root, args.variant or None, not args.no_cache,
-                    prepare=chosen.address is None)
-        from pipelines import recipe_flow
-
-        if server is not None:
-            server.wait_ready()
-        total = sum(len(s) for s in loaded.stages.values())
-        with ConsoleProgress(total) as progress, recipe_flow.observed_by(progress):
-            try:
-                report = recipe_flow.run(str(loaded.path), overrides=list(args.set),
-                                         variants=args.variant or None,
-                                         no_cache=args.no_cache, output=output,
-                                         force=args.force,
-                                         heartbeats=server is None, executor=args.executor,
-                                         dask_address=args.dask_address)
-            except Exception as exc:
-                # the Prefect server gone mid-run is the user's to fix, not a bug (exit 2)
-                lost = local_server.api_lost(exc)
-                if lost is None:
-                    raise
-                # it may go after the flow wrote its outputs (the final state's report to
-                # the API failed): a failed run leaves none
-                output_folder.discard(out_dir, output_folder.owner_of(
-                    loaded.recipe.name, loaded.path))
-                raise lost from exc
-    except OrchestratorError as exc:
-        return _error(exc)
-    finally:
-        tracking_client.discard_prestarted()
-        if server is not None:
-            server.release()
-            if server.started_here and server.lingers:  # say so, however the run ended
-                print(f"Prefect server {server.api_url.removesuffix('/api')} is kept for "
-                      f"later runs; it stops after {local_server.idle_seconds():.0f} s "
-                      f"unused ({local_server.IDLE_ENV}=0: one server per run)",
-                      file=sys.stderr)
-    from orchestrator.results.report import print_summary
-
-    print_summary(report, Path(report["out_dir"]))
-    _print_where(report, args.recipe)
-    missing = [target for target, variant in report["selected"].items() if variant is None]
-    if missing:
-        print(f"budget gate failed: no variant within the budgets of {', '.join(missing)}",
-              file=sys.stderr)
-        return 1
-    return 0
-
-
-def _print_where(report: dict, recipe_arg: str) -> None:
-    """Where this run's records are, and how to look at them (URL credentials hidden)."""
-    from orchestrator.formatting import command_hint
-    from orchestrator.redaction import redact
-
-    where = report["locations"]
-    registry = report.get("registry") or {}
-    if registry.get("registered"):
-        entry = registry["registered"]
-        print(f"Registered {entry['name']} version {entry['version']} as "
-              f"'{entry.get('alias', 'candidate')}' in the MLflow Model Registry")
-    elif registry.get("refused"):
-        print(f"Not registered: {registry['refused']}")
-    print(f"MLflow run {report['mlflow_run_id']} (tracking: {redact(where['tracking'])}); "
-          f"store: {redact(str(where['store']))}")
-    print(f"Dashboards: {command_hint('ui', recipe_arg)}")
-
-
-def cmd_server(args: argparse.Namespace) -> int:
-    """The local Prefect server that runs share (see prefect_server): status, or stop."""
-    from orchestrator.cache import project
-    from orchestrator.flow import local_server
-    home = project.local_home(project.project_root())
-    if args.action == "stop":
-        stopped = local_server.stop_server(home, force=args.force)
-        print(f"stopped the Prefect server at {stopped['api_url']} (pid {stopped['pid']})"
-              if stopped else f"no local Prefect server for {home}")
-        return 0
-    found = local_server.describe(home)
-    if found is None:
-        print(f"no local Prefect server for {home}")
-        return 0
-    print(f"Prefect server at {found['api_url']} (pid {found['pid']}, Prefect "
-          f"{found['prefect']}), {'in use by a run' if found['in_use'] else 'idle'}; it stops "
-          f"after {found['idle_s']:.0f} s unused. Log: {home / local_server.LOG_FILE}")
-    return 0
 
 
 class _CurrentStderrHandler(logging.StreamHandler):
@@ -238,60 +64,28 @@ def configure_logging() -> None:
     logger.propagate = False
 
 
+# The command groups, one module each with `add_parsers(sub)`: the commands it adds, in the
+# order `orchestrator --help` lists them
+COMMAND_GROUPS = (
+    ("orchestrator.cli.run", "run, validate, schema, server"),
+    ("orchestrator.cli.stages", "stages: every stage and its params"),
+    ("orchestrator.cli.model_files", "keygen, decrypt, inspect"),
+    ("orchestrator.cli.operations", "gate, deploy, serve"),
+    ("orchestrator.cli.registry", "promote"),
+    ("orchestrator.cli.ui", "ui: the dashboards"),
+    ("orchestrator.cli.init", "init: a first recipe from a model"),
+    ("orchestrator.cli.benchmark", "benchmark: any model file, outside a recipe"),
+    ("orchestrator.cli.history", "history: the selected variant across a recipe's runs"),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
     parser = argparse.ArgumentParser(prog="orchestrator", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run a recipe as a Prefect flow, tracked in MLflow")
-    run.add_argument("recipe")
-    run.add_argument("-o", "--output", type=Path, default=None,
-                     help="output folder (default: out/<recipe name> in the recipe's project)")
-    run.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
-                     help="override a recipe field by its dotted path")
-    run.add_argument("--no-cache", action="store_true", help="run every stage again")
-    run.add_argument("--variant", action="append", default=[], metavar="NAME",
-                     help="run only this pipeline (and its from: ancestors); repeatable. The "
-                     "run still replaces the output folder whole: it then holds this run's "
-                     "variants only")
-    run.add_argument("--force", action="store_true",
-                     help="write to the output folder even if it holds another recipe's "
-                     "outputs or other files (they are replaced)")
-    run.add_argument("--executor", choices=["local", "dask"], default=None,
-                     help="where the stages run (wins over the recipe's execution.executor): "
-                     "local, one at a time; dask, pipelines in parallel on Dask")
-    run.add_argument("--dask-address", default=None, metavar="ADDR",
-                     help="an existing Dask scheduler, e.g. tcp://10.0.0.5:8786 (implies "
-                     "--executor dask; without it, dask starts a LocalCluster)")
-    run.set_defaults(fn=cmd_run)
-    validate = sub.add_parser("validate", help="validate recipes without running them")
-    validate.add_argument("recipes", nargs="+")
-    validate.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE")
-    validate.set_defaults(fn=cmd_validate)
-    from orchestrator.cli import stages as cli_stages
-    cli_stages.add_parsers(sub)  # stages: every stage and its params
-    schema = sub.add_parser("schema", help="print the recipe's JSON Schema (or write it)")
-    schema.add_argument("-o", "--output", type=Path, default=None,
-                        help="write it to this file (e.g. recipes/recipe.schema.json)")
-    schema.set_defaults(fn=cmd_schema)
-    server = sub.add_parser("server", help="the local Prefect server that runs share: "
-                            "status, or stop it now")
-    server.add_argument("action", choices=["status", "stop"], nargs="?", default="status")
-    server.add_argument("--force", action="store_true", help="stop it even while a run uses it")
-    server.set_defaults(fn=cmd_server)
-    from orchestrator.cli.model_files import add_parsers
-
-    add_parsers(sub)  # keygen, decrypt, inspect
-    from orchestrator.cli import benchmark as cli_benchmark
-    from orchestrator.cli import history as cli_history
-    from orchestrator.cli import init as cli_init
-    from orchestrator.cli import operations as cli_ops
-    from orchestrator.cli import registry as cli_registry
-    from orchestrator.cli import ui
-    cli_ops.add_parsers(sub)  # gate, deploy, serve
-    cli_registry.add_parsers(sub)  # promote
-    ui.add_parsers(sub)  # ui: the dashboards
-    cli_init.add_parsers(sub)  # init: a first recipe from a model
-    cli_benchmark.add_parsers(sub)  # benchmark: any model file, outside a recipe
-    cli_history.add_parsers(sub)  # history: the selected variant across a recipe's runs
+    for module, _commands in COMMAND_GROUPS:
+        importlib.import_module(module).add_parsers(sub)
     return parser
 
 
@@ -300,7 +94,7 @@ def _interrupts_noted() -> Iterator[Callable[[], bool]]:
     """Remember Ctrl-C while a command runs: some libraries wrap the KeyboardInterrupt it
     raises (pydantic, mid import) into errors of their own, which must not read as our
     bugs."""
-    seen = _interrupts_seen
+    seen = interrupts_seen
     seen.clear()
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
@@ -328,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return args.fn(args)
         except OrchestratorError as exc:  # a command that let one through: still the user's
-            return _error(exc)
+            return command_error(exc)
         except BrokenPipeError:  # `orchestrator schema | head`: the reader had enough
             # stdout is gone: point it at devnull so the interpreter's final flush is quiet
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
