@@ -14,7 +14,7 @@ from orchestrator.model import tf_adapter  # noqa: F401  (TF env defaults before
 from orchestrator.model.artifact import ModelArtifact, TensorSpec
 from orchestrator.model.graph_rewrite import GraphIndex, const_value
 from orchestrator.quant import bias_correction as bc
-from orchestrator.quant import ranges as q
+from orchestrator.quant.numerics import dequantize, float_to_quint8
 from orchestrator.stages import StageContext, get_stage
 
 SHAPE = (6, 6, 4)
@@ -171,7 +171,7 @@ def test_simulated_weights_are_what_quantize_nodes_stores(model: ModelArtifact) 
                           for part in ("const", "min", "max"))
         w = const_value(source.nodes[name])
         assert (float(lo), float(hi)) == pytest.approx(bc.quantize_range(w), rel=1e-7)
-        assert np.array_equal(q.float_to_quint8(w, *bc.quantize_range(w)),
+        assert np.array_equal(float_to_quint8(w, *bc.quantize_range(w)),
                               stored.astype(np.uint8))
     assert "dw_w_quantized_const" not in index.nodes
 
@@ -216,8 +216,8 @@ def test_float_weights_that_stay_float_are_not_corrected(model: ModelArtifact) -
 def test_dequantize_reads_the_kernels_zero_point() -> None:
     lo, hi = -0.3, 1.1
     values = np.arange(256, dtype=np.uint8)
-    w8 = bc.dequantize(values, lo, hi)
+    w8 = dequantize(values, lo, hi)
     step = (hi - lo) / 255
     assert np.allclose(np.diff(w8), step, rtol=0, atol=1e-6)  # float32 values near 1
     assert 0.0 in w8  # zero is exact: the zero point is rounded to an integer
-    assert np.array_equal(q.float_to_quint8(w8, lo, hi), values)
+    assert np.array_equal(float_to_quint8(w8, lo, hi), values)

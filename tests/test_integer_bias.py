@@ -15,7 +15,7 @@ from quant_fixtures import apply, nodes, ops  # noqa: E402
 
 from orchestrator.measure.tf_runtime import GraphRunner, predict  # noqa: E402
 from orchestrator.model.artifact import ModelArtifact, TensorSpec  # noqa: E402
-from orchestrator.quant.layer_errors import dequantize  # noqa: E402
+from orchestrator.quant.numerics import dequantize  # noqa: E402
 
 # The input range of a BiasAdd in the photo mini-Xception of issue 17, and its bias range.
 INPUT_RANGE, BIAS_RANGE = (-4.755581, 4.9719486), (-0.689076, 0.6196499)

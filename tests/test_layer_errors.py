@@ -114,18 +114,6 @@ def test_values_match_an_independent_computation(batch: int | None) -> None:
     assert rows[0]["rmse_over_scale"] > 0.2  # rounding at least: the test can fail
 
 
-def test_dequantize_is_tfs_own() -> None:
-    """Bit for bit, on ranges across six decades, some not containing zero."""
-    q = np.arange(256, dtype=np.uint8)
-    rng = np.random.default_rng(3)
-    ranges = [(-1.0, 1.0), (0.0, 6.0), (-24.2318, 17.6619), (2.0, 2.0), (0.5, 3.0)]
-    ranges += [tuple(sorted(rng.normal(size=2) * 10.0 ** rng.uniform(-3, 3, size=2)))
-               for _ in range(200)]
-    for lo, hi in ranges:
-        np.testing.assert_array_equal(le.dequantize(q, lo, hi),
-                                      tf_dequantize(q, lo, hi).astype(np.float32))
-
-
 def test_both_naming_schemes_give_the_same_rows() -> None:
     model = small_graph(None)
     short = le.measure(model, eight_bit(model, X, short_names=True), [X])

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.errors import StageError
 from orchestrator.model import graph_info
 from orchestrator.model.artifact import ModelArtifact, node_name, tensor_name
+from orchestrator.model.graph_rewrite import subgraph
 
 if TYPE_CHECKING:
     from tensorflow.core.framework.graph_pb2 import GraphDef
@@ -147,7 +148,7 @@ def freeze(artifact: ModelArtifact, clear_devices: bool = True
     _identity_n_to_identity(graph_def)
     _drop_idle_control_edges(graph_def)
     try:
-        graph_def = graph_info.subgraph(graph_def, keep)
+        graph_def = subgraph(graph_def, keep)
     except KeyError as exc:
         raise StageError(f"inlining lost the model's input/output nodes: {exc}") from exc
     _clean(graph_def, clear_devices)

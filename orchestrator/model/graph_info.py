@@ -133,34 +133,6 @@ def detect_outputs(graph_def: GraphDef, inputs: Sequence[str] | None = None) -> 
     return candidates
 
 
-def subgraph(graph_def: GraphDef, keep: Iterable[str]) -> GraphDef:
-    """A copy holding only `keep` (node or tensor names) and what they depend on.
-
-    Like tf.compat.v1.graph_util.extract_sub_graph, without its deprecation noise. Keeps
-    graph order, versions and the function library.
-    """
-    from tensorflow.core.framework import graph_pb2
-
-    by_name = {n.name: n for n in graph_def.node}
-    wanted = [node_name(k) for k in keep]
-    missing = [k for k in wanted if k not in by_name]
-    if missing:
-        raise KeyError(f"nodes not in graph: {', '.join(missing)}")
-    seen = set(wanted)
-    queue = deque(wanted)
-    while queue:
-        for inp in by_name[queue.popleft()].input:
-            name = node_name(inp)
-            if name not in seen and name in by_name:
-                seen.add(name)
-                queue.append(name)
-    out = graph_pb2.GraphDef()
-    out.versions.CopyFrom(graph_def.versions)
-    out.library.CopyFrom(graph_def.library)
-    out.node.extend(n for n in graph_def.node if n.name in seen)
-    return out
-
-
 def summarize(graph_def: GraphDef, inputs: Sequence[str] | None = None,
               outputs: Sequence[str] | None = None) -> dict[str, Any]:
     """summarize_graph as a JSON-friendly dict.

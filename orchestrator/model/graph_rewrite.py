@@ -8,10 +8,10 @@ or renames nodes, build a fresh `GraphIndex`.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -52,8 +52,17 @@ def output_index(name: str) -> int:
 
 
 def op_counts(graph_def: GraphDef) -> dict[str, int]:
-    """Op type -> number of nodes, most frequent first."""
-    return dict(Counter(node.op for node in graph_def.node).most_common())
+    """Op type -> number of nodes, by op name (as summarize_graph and LiteRT facts list them:
+    the order is stable, whatever the graph's node order)."""
+    return dict(sorted(Counter(node.op for node in graph_def.node).items()))
+
+
+def is_nhwc(node: NodeDef) -> bool:
+    """Whether the op works channels last: `data_format` NHWC, or not given (TF's default;
+    an empty value is how protobuf reads an attribute that was never set). Under NCHW,
+    channels are on axis 1, where a [C] constant does not broadcast per channel."""
+    fmt = node.attr["data_format"].s if "data_format" in node.attr else b"NHWC"
+    return fmt in (b"NHWC", b"")
 
 
 @dataclass
@@ -109,21 +118,25 @@ def const_value(node: NodeDef) -> np.ndarray:
     return tf.make_ndarray(node.attr["value"].tensor)
 
 
-def set_const_value(node: NodeDef, value: np.ndarray) -> None:
-    """Overwrite a `Const` node's value (and dtype) in place."""
+def set_const_value(node: NodeDef, value: np.ndarray, dtype: Any = None) -> None:
+    """Overwrite a `Const` node's value (and dtype) in place.
+
+    The dtype is the array's (a Python float is a float64 array: pass np.float32 values),
+    unless `dtype` (a tf.DType) names one numpy has no array type for, such as tf.quint8.
+    """
     import tensorflow as tf
 
-    value = np.asarray(value)
-    node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value))
-    node.attr["dtype"].type = tf.as_dtype(value.dtype).as_datatype_enum
+    tensor = tf.make_tensor_proto(np.asarray(value), dtype=dtype)
+    node.attr["value"].tensor.CopyFrom(tensor)
+    node.attr["dtype"].type = tensor.dtype
 
 
-def make_const(name: str, value: np.ndarray) -> NodeDef:
-    """A new `Const` node holding `value` (its dtype is the array's)."""
+def make_const(name: str, value: np.ndarray, dtype: Any = None) -> NodeDef:
+    """A new `Const` node holding `value`, its dtype as set_const_value gives it."""
     from tensorflow.core.framework import node_def_pb2
 
     node = node_def_pb2.NodeDef(name=name, op="Const")
-    set_const_value(node, value)
+    set_const_value(node, value, dtype)
     return node
 
 
@@ -135,15 +148,16 @@ def reset_node(node: NodeDef, op: str, inputs: list[str]) -> None:
     node.attr.clear()
 
 
-def unique_name(taken: Iterable[str], base: str) -> str:
-    """`base`, or `base_1`, `base_2`... whichever is not taken yet."""
-    taken = set(taken)
-    if base not in taken:
-        return base
-    suffix = 1
-    while f"{base}_{suffix}" in taken:
+def unique_name(base: str, taken: set[str]) -> str:
+    """`base`, or `base_1`, `base_2`... (as tf.Graph names a clash), whichever is not in
+    `taken`; the name returned joins `taken`, so that names made one after another never
+    clash with each other either."""
+    name, suffix = base, 0
+    while name in taken:
         suffix += 1
-    return f"{base}_{suffix}"
+        name = f"{base}_{suffix}"
+    taken.add(name)
+    return name
 
 
 def remove_nodes(graph_def: GraphDef, names: Iterable[str]) -> None:
@@ -177,6 +191,38 @@ def prune_orphans(graph_def: GraphDef, candidates: Iterable[str],
         pending.extend(node_name(inp) for inp in node.input)
     remove_nodes(graph_def, removed)
     return removed
+
+
+def subgraph(graph_def: GraphDef, keep: Iterable[str]) -> GraphDef:
+    """A copy holding only `keep` (node or tensor names: a model's outputs, and its inputs
+    so that they stay even when no output needs one) and what they depend on, through data
+    and control edges.
+
+    Like tf.compat.v1.graph_util.extract_sub_graph, without its deprecation noise. Keeps
+    graph order, versions and the function library; `graph_def` is untouched. KeyError
+    naming the nodes of `keep` the graph lacks: a rewrite that lost an input or output must
+    not pass unnoticed.
+    """
+    from tensorflow.core.framework import graph_pb2
+
+    by_name = {n.name: n for n in graph_def.node}
+    wanted = [node_name(k) for k in keep]
+    missing = [k for k in wanted if k not in by_name]
+    if missing:
+        raise KeyError(f"nodes not in graph: {', '.join(missing)}")
+    seen = set(wanted)
+    queue = deque(wanted)
+    while queue:
+        for inp in by_name[queue.popleft()].input:
+            name = node_name(inp)
+            if name not in seen and name in by_name:
+                seen.add(name)
+                queue.append(name)
+    out = graph_pb2.GraphDef()
+    out.versions.CopyFrom(graph_def.versions)
+    out.library.CopyFrom(graph_def.library)
+    out.node.extend(n for n in graph_def.node if n.name in seen)
+    return out
 
 
 def rename_nodes(graph_def: GraphDef, mapping: dict[str, str]) -> None:

@@ -32,8 +32,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from orchestrator.model.artifact import tensor_name
-from orchestrator.model.graph_rewrite import GraphIndex, const_value, copy_graph, output_index
-from orchestrator.quant import ranges as q
+from orchestrator.model.graph_rewrite import (
+    GraphIndex,
+    const_value,
+    copy_graph,
+    is_nhwc,
+    make_const,
+    output_index,
+    unique_name,
+)
+from orchestrator.quant.numerics import dequantize, float_to_quint8
 
 if TYPE_CHECKING:
     from tensorflow.core.framework.graph_pb2 import GraphDef
@@ -90,17 +98,6 @@ def quantize_range(values: np.ndarray) -> tuple[float, float]:
     return lo, max(0.0, hi, lo + epsilon)
 
 
-def dequantize(values: np.ndarray, lo: float, hi: float) -> np.ndarray:
-    """quint8 values in [lo, hi] as the eight-bit kernels read them: (v - zero point) times
-    the step, the zero point rounded as FloatToQuantizedUnclamped rounds it."""
-    lo32, hi32 = np.float32(lo), np.float32(hi)
-    if lo32 == hi32:
-        return np.full(np.shape(values), lo32, np.float32)
-    scale = np.float32(255.0) / np.float32(hi32 - lo32)
-    zero_point = q._round_half_away(np.float32(lo32 * scale))  # noqa: SLF001 (TF's rounding)
-    return ((np.asarray(values, np.float64) + zero_point) / float(scale)).astype(np.float32)
-
-
 def _weights8(index: GraphIndex, linear: NodeDef, converts: bool) -> np.ndarray | None:
     """The linear op's weights as the 8-bit graph uses them, or None when they stay float
     (or are not constant)."""
@@ -117,7 +114,7 @@ def _weights8(index: GraphIndex, linear: NodeDef, converts: bool) -> np.ndarray 
     if weights is None or weights.dtype != np.float32 or not converts:
         return None
     lo, hi = quantize_range(weights)
-    return dequantize(q.float_to_quint8(weights, lo, hi), lo, hi)
+    return dequantize(float_to_quint8(weights, lo, hi), lo, hi)
 
 
 def _bias_nodes(index: GraphIndex, bias_add: NodeDef, bias_input: str
@@ -157,7 +154,7 @@ def _biased_linear(index: GraphIndex, node: NodeDef) -> tuple[NodeDef, str] | No
     if len(node.input) != 2 or any(i.startswith("^") for i in node.input):
         return None
     if node.op == "BiasAdd":
-        if not _nhwc(node):
+        if not is_nhwc(node):
             return None
         pairs = [(node.input[0], node.input[1])]
     elif node.op in ("Add", "AddV2"):
@@ -167,7 +164,7 @@ def _biased_linear(index: GraphIndex, node: NodeDef) -> tuple[NodeDef, str] | No
     for data, bias in pairs:
         linear = index.producer(data)
         if linear is not None and output_index(data) == 0 and linear.op in LINEAR_OPS \
-                and len(linear.input) >= 2 and _nhwc(linear):
+                and len(linear.input) >= 2 and is_nhwc(linear):
             return linear, bias
     return None
 
@@ -194,14 +191,10 @@ def _chain(index: GraphIndex, float_index: GraphIndex, last: NodeDef,
         head = index.producer(node.input[0])
         if head is None or output_index(node.input[0]) != 0 or head.op not in LINEAR_OPS \
                 or (head.op == "MatMul") != (node.op == "MatMul") or len(head.input) < 2 \
-                or not index.only_consumer_is(head.name, node) or not _nhwc(head):
+                or not index.only_consumer_is(head.name, node) or not is_nhwc(head):
             break
         node = head
     return chain if eight_bit else None
-
-
-def _nhwc(node: NodeDef) -> bool:
-    return "data_format" not in node.attr or node.attr["data_format"].s == b"NHWC"
 
 
 def find_layers(graph_def: GraphDef, float_graph: GraphDef,
@@ -234,13 +227,13 @@ def _probe_graph(float_graph: GraphDef, layers: Sequence[_Layer]) -> tuple[Graph
 
     graph = copy_graph(float_graph)
     taken = {n.name for n in graph.node}
-    scope = q.unique_name("bias_correction", taken)
-    graph.node.append(q.make_const(f"{scope}/spatial", np.asarray([1, 2], np.int32)))
+    scope = unique_name("bias_correction", taken)
+    graph.node.append(make_const(f"{scope}/spatial", np.asarray([1, 2], np.int32)))
     fetches = []
     for k, layer in enumerate(layers):
         base, data = f"{scope}/{k}", layer.x
         for j, (linear, w8) in enumerate(layer.chain):
-            graph.node.append(q.make_const(f"{base}/w8_{j}", w8.astype(np.float32)))
+            graph.node.append(make_const(f"{base}/w8_{j}", w8.astype(np.float32)))
             op = node_def_pb2.NodeDef()
             op.CopyFrom(linear)
             op.name = f"{base}/op_{j}"
@@ -301,7 +294,7 @@ def _write_bias(layer: _Layer, corrected: np.ndarray) -> float:
         lo, hi = min(0.0, float(corrected.min())), max(0.0, float(corrected.max()))
         if hi - lo < _DEGENERATE_RANGE:
             hi = lo + _MINIMUM_RANGE
-        values = q.float_to_quint8(corrected, lo, hi)
+        values = float_to_quint8(corrected, lo, hi)
         data.attr["value"].tensor.CopyFrom(
             tf.make_tensor_proto(values, dtype=tf.quint8, shape=values.shape))
         lo_node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(np.float32(lo)))

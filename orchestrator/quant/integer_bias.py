@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from orchestrator.model.artifact import node_name
-from orchestrator.model.graph_rewrite import GraphIndex, constant_nodes, output_index
+from orchestrator.model.graph_rewrite import GraphIndex, constant_nodes, make_const, output_index
 
 if TYPE_CHECKING:
     from tensorflow.core.framework.graph_pb2 import GraphDef
@@ -100,8 +100,6 @@ def fuse(graph_def: GraphDef, biases: Mapping[str, np.ndarray]) -> list[str]:
     BiasAdd F in `biases` (F -> its float bias values) into the accumulator add, in place.
     Returns the BiasAdds fused. Nodes left unused (the old Requantize, its range, the 8-bit
     bias) are for the caller's prune."""
-    from orchestrator.quant.ranges import make_const
-
     index = GraphIndex.build(graph_def)
     fused = []
     for bias_add in [n for n in graph_def.node if n.op == "QuantizedBiasAdd"]:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from orchestrator.model.artifact import node_name
+from orchestrator.quant.numerics import dequantize
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -59,25 +60,6 @@ class QuantizedLayer:
     # the float Conv2D/MatMul computed inside this layer (a bias added in its accumulator,
     # orchestrator.quant.integer_bias): `feeds` then index its inputs, and it is copied too
     fused: str | None = None
-
-
-def dequantize(values: np.ndarray, range_min: float, range_max: float) -> np.ndarray:
-    """quint8 -> float32 bit for bit as TF's Dequantize (MIN_FIRST) computes it: steps of
-    (max - min) / 255 from min rounded to a whole step (so that zero stays exact), in
-    TF's own mix of float32 and double arithmetic."""
-    lo, hi = np.float32(range_min), np.float32(range_max)
-    q = np.asarray(values).astype(np.float32)
-    if lo == hi:
-        return np.full(q.shape, lo, dtype=np.float32)
-    scale = float(np.float32(hi - lo)) * (256 / 255.0) / 256  # double, as in TF
-    scale_f = np.float32(scale)
-    min_rounded = np.float32(np.float32(_round_half_away(float(np.float32(lo / scale_f))))
-                             * scale_f)
-    return q * np.float32(scale) + min_rounded
-
-
-def _round_half_away(value: float) -> float:
-    return math.copysign(math.floor(abs(value) + 0.5), value)
 
 
 def _float_op_of(name: str) -> str | None:

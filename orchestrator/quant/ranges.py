@@ -1,10 +1,13 @@
-"""Shared helpers of the 8-bit stages: graph surgery, range logs and percentiles.
+"""Shared helpers of the 8-bit stages: what they convert, range logs and percentiles, and
+how much of a graph's weights is stored in 8 bits.
 
 The range-log format and the percentile rule follow TensorFlow's Graph Transform Tool
 (insert_logging and freeze_requantization_ranges) exactly, so that a log written here is
 accepted by TF's own transform and gives the same frozen ranges.
 
-TensorFlow is imported only inside functions.
+TensorFlow is imported only inside functions. Graph helpers (Const nodes, op counts, unique
+names, subgraphs) are orchestrator.model.graph_rewrite's; TF's 8-bit arithmetic is
+orchestrator.quant.numerics'.
 """
 
 from __future__ import annotations
@@ -12,14 +15,13 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from orchestrator.model.artifact import node_name
+from orchestrator.quant.numerics import round_half_away
 
 if TYPE_CHECKING:
     from tensorflow.core.framework.graph_pb2 import GraphDef
@@ -47,7 +49,7 @@ LOG_VALUE_FORMAT = ".9g"
 LOGGED_GRAPH = "min_max_log_graph"
 
 
-# --- graph helpers ------------------------------------------------------------------------
+# --- graph digests and weight bytes --------------------------------------------------------
 
 def graph_digest(graph_def: GraphDef) -> str:
     """SHA-256 of the graph's deterministic serialization."""
@@ -59,58 +61,6 @@ def graph_digest(graph_def: GraphDef) -> str:
 def const_elements(node: NodeDef) -> int:
     """Number of elements of a Const node, from its shape (no decoding)."""
     return math.prod(d.size for d in node.attr["value"].tensor.tensor_shape.dim)
-
-
-def make_const(name: str, value: np.ndarray, dtype: Any = None) -> NodeDef:
-    """A Const node holding `value` (dtype: a tf.DType, default from the array)."""
-    import tensorflow as tf
-    from tensorflow.core.framework import node_def_pb2
-
-    tensor = tf.make_tensor_proto(value, dtype=dtype)
-    node = node_def_pb2.NodeDef(name=name, op="Const")
-    node.attr["dtype"].type = tensor.dtype
-    node.attr["value"].tensor.CopyFrom(tensor)
-    return node
-
-
-def op_counts(graph_def: GraphDef) -> dict[str, int]:
-    """Op type -> number of nodes, by op name."""
-    counts: dict[str, int] = defaultdict(int)
-    for node in graph_def.node:
-        counts[node.op] += 1
-    return dict(sorted(counts.items()))
-
-
-def prune(graph_def: GraphDef, inputs: Sequence[str], outputs: Sequence[str]) -> GraphDef:
-    """Keep only the nodes the outputs need (data and control edges) plus the inputs.
-
-    Node order is preserved. Returns a new GraphDef; `graph_def` is untouched.
-    """
-    from tensorflow.core.framework import graph_pb2
-
-    nodes = {n.name: n for n in graph_def.node}
-    keep: set[str] = set()
-    stack = [node_name(o) for o in outputs] + [node_name(i) for i in inputs]
-    while stack:
-        name = stack.pop()
-        if name in keep or name not in nodes:
-            continue
-        keep.add(name)
-        stack.extend(node_name(i) for i in nodes[name].input)
-    out = graph_pb2.GraphDef()
-    out.versions.CopyFrom(graph_def.versions)
-    out.library.CopyFrom(graph_def.library)
-    out.node.extend(n for n in graph_def.node if n.name in keep)
-    return out
-
-
-def unique_name(base: str, taken: set[str]) -> str:
-    """`base`, or `base_`, `base__`, ... whichever is not in `taken` (which it joins)."""
-    name = base
-    while name in taken:
-        name += "_"
-    taken.add(name)
-    return name
 
 
 @dataclass(frozen=True)
@@ -210,12 +160,6 @@ def parse_range_log(text: str) -> list[RangeRecord]:
     return records
 
 
-def _round_half_away(value: np.float32) -> int:
-    """std::round on a float32 (exact: the sum is taken in float64)."""
-    v = float(value)
-    return int(math.floor(v + 0.5)) if v >= 0 else -int(math.floor(-v + 0.5))
-
-
 def percentile_indices(count: int, min_percentile: float,
                        max_percentile: float) -> tuple[int, int]:
     """Indices into the sorted mins and maxes that freeze_requantization_ranges picks.
@@ -223,8 +167,9 @@ def percentile_indices(count: int, min_percentile: float,
     Same float32 arithmetic and rounding as the C++ transform.
     """
     n = np.float32(count)
-    lo = _round_half_away(n * (np.float32(min_percentile) / np.float32(100.0)))
-    hi = _round_half_away(n * (np.float32(1.0) - np.float32(max_percentile) / np.float32(100.0)))
+    lo = int(round_half_away(n * (np.float32(min_percentile) / np.float32(100.0))))
+    hi = int(round_half_away(n * (np.float32(1.0) - np.float32(max_percentile)
+                                  / np.float32(100.0))))
     return max(lo, 0), min(hi, count - 1)
 
 
@@ -269,42 +214,6 @@ def table_csv(rows: Sequence[dict[str, Any]]) -> str:
         writer.writerow({k: (format_float(v) if isinstance(v, float) else v)
                          for k, v in row.items()})
     return out.getvalue()
-
-
-# --- eight-bit arithmetic --------------------------------------------------------------------
-
-def qint32_to_float(values: np.ndarray, range_min: float, range_max: float) -> np.ndarray:
-    """TF's QuantizedToFloat<qint32> (quantization_utils.h), bit for bit, on int32 values.
-
-    Used to turn per-sample qint32 minima/maxima into the floats RequantizationRange
-    would report for that sample.
-    """
-    rmin, rmax = np.float32(range_min), np.float32(range_max)
-    values = np.asarray(values)
-    if rmin == rmax:
-        return np.full(values.shape, rmin, dtype=np.float32)
-    steps = float(1 << 32)
-    span = float(np.float32(rmax - rmin)) * (steps / (steps - 1.0))
-    scale = span / steps
-    scale_f = np.float32(scale)
-    rounded = np.float32(_round_half_away(np.float32(rmin / scale_f)))
-    min_rounded = float(np.float32(rounded * scale_f))
-    # static_cast<double>(qint32) goes through QInt32's float conversion: float32 first.
-    offset = values.astype(np.float32).astype(np.float64) + float(1 << 31)
-    return (min_rounded + offset * scale).astype(np.float32)
-
-
-def float_to_quint8(values: np.ndarray, range_min: float, range_max: float) -> np.ndarray:
-    """TF's FloatTensorToQuantizedInPlace<quint8> (quantization_utils.h): the MIN_FIRST
-    quantization quantize_weights stores, in float32 arithmetic; returns uint8 values."""
-    rmin, rmax = np.float32(range_min), np.float32(range_max)
-    if rmin == rmax:
-        return np.zeros(np.shape(values), dtype=np.uint8)
-    scale = np.float32(255.0 / float(np.float32(rmax - rmin)))
-    scaled = (np.asarray(values, dtype=np.float32) * scale).astype(np.float64)
-    rounded = np.sign(scaled) * np.floor(np.abs(scaled) + 0.5)  # std::round, exact in float64
-    min_scaled = np.float32(_round_half_away(np.float32(rmin * scale)))
-    return np.clip(rounded - min_scaled, 0, 255).astype(np.uint8)
 
 
 def run_time_quantizations(graph_def: GraphDef) -> list[str]:

@@ -27,7 +27,13 @@ import numpy as np
 from pydantic import Field
 
 from orchestrator.model.artifact import node_name
-from orchestrator.model.graph_rewrite import GraphIndex, const_value, copy_graph, output_index
+from orchestrator.model.graph_rewrite import (
+    GraphIndex,
+    const_value,
+    copy_graph,
+    is_nhwc,
+    output_index,
+)
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 
@@ -70,10 +76,6 @@ def _weights(index: GraphIndex, layer: NodeDef) -> NodeDef | None:
     return const
 
 
-def _nhwc(node: NodeDef) -> bool:
-    return "data_format" not in node.attr or node.attr["data_format"].s == b"NHWC"
-
-
 def _out_axis(layer: NodeDef) -> int:
     if layer.op == "MatMul":
         return 0 if "transpose_b" in layer.attr and layer.attr["transpose_b"].b else 1
@@ -101,7 +103,7 @@ def _single_reader(index: GraphIndex, node: NodeDef, outputs: set[str]) -> NodeD
 def _bias_const(index: GraphIndex, node: NodeDef, data: str, channels: int
                 ) -> NodeDef | None:
     """The per-channel float Const that `node` (BiasAdd / Add / AddV2) adds to `data`."""
-    if node.op not in ("BiasAdd", "Add", "AddV2") or len(node.input) != 2 or not _nhwc(node):
+    if node.op not in ("BiasAdd", "Add", "AddV2") or len(node.input) != 2 or not is_nhwc(node):
         return None
     if node.op == "BiasAdd" and node_name(node.input[0]) != data:
         return None
@@ -120,7 +122,7 @@ def find_pairs(index: GraphIndex, outputs: set[str]) -> list[Pair]:
     """Every L1 -> L2 pair whose connecting channels nothing else reads."""
     pairs = []
     for layer in index.graph_def.node:
-        if layer.op not in (*CONVS, "MatMul") or not _nhwc(layer):
+        if layer.op not in (*CONVS, "MatMul") or not is_nhwc(layer):
             continue
         w1 = _weights(index, layer)
         if w1 is None:
@@ -131,10 +133,10 @@ def find_pairs(index: GraphIndex, outputs: set[str]) -> list[Pair]:
         prev, node, bias = layer, _single_reader(index, layer, outputs), None
         if node is not None and (bias := _bias_const(index, node, layer.name, channels)):
             prev, node = node, _single_reader(index, node, outputs)
-        while node is not None and node.op in POSITIVE_HOMOGENEOUS and _nhwc(node):
+        while node is not None and node.op in POSITIVE_HOMOGENEOUS and is_nhwc(node):
             prev, node = node, _single_reader(index, node, outputs)
         # the channels must arrive as L2's data (input 0), not as its weights
-        if node is None or not _nhwc(node) or node_name(node.input[0]) != prev.name:
+        if node is None or not is_nhwc(node) or node_name(node.input[0]) != prev.name:
             continue
         second = node
         ok = (second.op in CONVS and layer.op in CONVS) or (

@@ -38,6 +38,7 @@ from orchestrator.model.graph_rewrite import (
     control_inputs,
     copy_graph,
     data_inputs,
+    is_nhwc,
     make_const,
     output_index,
     prune_orphans,
@@ -106,12 +107,6 @@ class Target:
         return self.chain[-1]
 
 
-def _is_nhwc(node: NodeDef) -> bool:
-    # NCHW puts channels on axis 1, where a [C] constant does not broadcast per channel.
-    fmt = node.attr["data_format"].s if "data_format" in node.attr else b"NHWC"
-    return fmt in (b"NHWC", b"")
-
-
 def out_channels(op: NodeDef, weights: np.ndarray) -> int | None:
     """Output channels of a weight op, from its weights' shape; None if not a known layout."""
     if op.op == "Conv2D" and weights.ndim == 4:
@@ -172,7 +167,7 @@ def find_target(index: GraphIndex, input_name: str) -> Target | None:
     chain: list[NodeDef] = []
     bias_add = None
     while node is not None:
-        if node.op == "BiasAdd" and bias_add is None and _is_nhwc(node):
+        if node.op == "BiasAdd" and bias_add is None and is_nhwc(node):
             if index.const_input(data_inputs(node)[1]) is None:
                 return None
             bias_add = node
@@ -180,7 +175,7 @@ def find_target(index: GraphIndex, input_name: str) -> Target | None:
             break
         chain.append(node)
         node = index.producer(data_inputs(node)[0])
-    if node is None or node.op not in BN_FOLD_OPS or not _is_nhwc(node):
+    if node is None or node.op not in BN_FOLD_OPS or not is_nhwc(node):
         return None
     weights = index.const_input(data_inputs(node)[1])
     if weights is None or weights.dtype.type not in FLOAT_DTYPES:
@@ -288,7 +283,7 @@ class Rewriter:
     def split_fused_batch_norm(self, bn: NodeDef) -> bool:
         """FusedBatchNorm* (inference) -> `x * scale + offset`, when folding will absorb it."""
         inputs = data_inputs(bn)
-        if bn.attr["is_training"].b or not _is_nhwc(bn) or len(inputs) != 5:
+        if bn.attr["is_training"].b or not is_nhwc(bn) or len(inputs) != 5:
             return False
         params = [self.index.const_input(name) for name in inputs[1:]]
         if any(p is None for p in params) or self._side_outputs_used(bn):
@@ -301,10 +296,10 @@ class Rewriter:
         scale = gamma / np.sqrt(variance + bn.attr["epsilon"].f)
         offset = beta - mean * scale
         dtype = target.weights.dtype
-        names = self.index.nodes.keys()
-        scale_name = unique_name(names, f"{bn.name}/folded_scale")
-        offset_name = unique_name(names, f"{bn.name}/folded_offset")
-        mul_name = unique_name(names, f"{bn.name}/mul")
+        taken = set(self.index.nodes)
+        scale_name = unique_name(f"{bn.name}/folded_scale", taken)
+        offset_name = unique_name(f"{bn.name}/folded_offset", taken)
+        mul_name = unique_name(f"{bn.name}/mul", taken)
         self.graph_def.node.extend([make_const(scale_name, scale.astype(dtype)),
                                     make_const(offset_name, offset.astype(dtype))])
         mul = self.graph_def.node.add(name=mul_name, op="Mul", input=[inputs[0], scale_name])
@@ -336,7 +331,7 @@ class Rewriter:
                 and self.index.only_consumer_is(current.name, node)):
             set_const_value(current, value)
             return
-        name = unique_name(self.index.nodes.keys(), f"{node.name}/folded_{suffix}")
+        name = unique_name(f"{node.name}/folded_{suffix}", set(self.index.nodes))
         self.graph_def.node.append(make_const(name, value))
         self.index.nodes[name] = self.graph_def.node[-1]
         if current is not None:
@@ -352,7 +347,7 @@ class Rewriter:
         new.name = name
 
     def _to_bias_add(self, add: NodeDef, x: str, bias: np.ndarray) -> None:
-        const_name = unique_name(self.index.nodes.keys(), f"{add.name}/bias")
+        const_name = unique_name(f"{add.name}/bias", set(self.index.nodes))
         self.orphans.update(node_name(name) for name in data_inputs(add) if name != x)
         dtype = add.attr["T"].type
         reset_node(add, "BiasAdd", [x, const_name, *control_inputs(add)])

@@ -35,7 +35,7 @@ import numpy as np
 from pydantic import Field
 
 from orchestrator.errors import DataError
-from orchestrator.model.graph_rewrite import copy_graph
+from orchestrator.model.graph_rewrite import copy_graph, make_const, subgraph
 from orchestrator.quant import ranges as q
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
@@ -187,16 +187,13 @@ def freeze_quantize_ranges(graph_def: GraphDef,
     """The run-time-ranged QuantizeV2 nodes that have log lines get constant ranges (the
     percentile rule, widened to include zero so that zero stays exact); a new graph and
     how many. Their Min/Max are left for pruning."""
-    from orchestrator.model.graph_rewrite import copy_graph
-    from orchestrator.quant.ranges import run_time_quantizations
-
     graph = copy_graph(graph_def)
-    targets = [name for name in run_time_quantizations(graph) if name in grouped]
+    targets = [name for name in q.run_time_quantizations(graph) if name in grouped]
     nodes = {n.name: n for n in graph.node}
     for name in targets:
         lo, hi = q.frozen_range(*grouped[name], min_percentile, max_percentile)
         lo, hi = min(lo, 0.0), max(hi, 0.0)
-        consts = [q.make_const(f"{name}/frozen_{end}", np.float32(value))
+        consts = [make_const(f"{name}/frozen_{end}", np.float32(value))
                   for end, value in (("min", lo), ("max", hi))]
         graph.node.extend(consts)
         nodes[name].input[1], nodes[name].input[2] = consts[0].name, consts[1].name
@@ -243,7 +240,7 @@ def _freeze(artifact: ModelArtifact, params: Params, log: str, user_log: str | N
     result, inputs_frozen = freeze_quantize_ranges(result, grouped, params.min_percentile,
                                                    params.max_percentile)
     nudged = nudge_frozen_ranges(result)
-    result = q.prune(result, artifact.input_names, list(artifact.outputs))
+    result = subgraph(result, [*artifact.input_names, *artifact.outputs])
     rows = q.range_table(grouped, params.min_percentile, params.max_percentile)
     # The log has served: drop it, so that it does not travel on with every later model.
     metadata = {k: v for k, v in artifact.metadata.items()

@@ -39,8 +39,9 @@ import numpy as np
 from pydantic import Field
 
 from orchestrator.model.artifact import tensor_name
-from orchestrator.model.graph_rewrite import copy_graph
+from orchestrator.model.graph_rewrite import copy_graph, make_const
 from orchestrator.quant import ranges as q
+from orchestrator.quant.numerics import qint32_to_float
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 
@@ -101,7 +102,7 @@ def _with_probes(logged: GraphDef, names: list[str], per_sample: bool,
     while any(n == scope or n.startswith(scope + "/") for n in nodes):
         scope += "_"
     if per_sample:
-        graph.node.append(q.make_const(f"{scope}/one", np.int32(1)))
+        graph.node.append(make_const(f"{scope}/one", np.int32(1)))
 
     def add(name: str, op: str, inputs: list[str], **types: int) -> str:
         node = node_def_pb2.NodeDef(name=name, op=op, input=inputs)
@@ -233,8 +234,8 @@ def _sample_ranges(probe: _Probe, run_min: np.float32, run_max: np.float32,
     if probe.quantize:  # the float tensor's own values, as its Min/Max reduce them
         lo, hi = np.asarray(s_min, np.float32), np.asarray(s_max, np.float32)
     else:
-        lo = np.minimum(np.float32(0), q.qint32_to_float(s_min, in_min, in_max))
-        hi = q.qint32_to_float(s_max, in_min, in_max)
+        lo = np.minimum(np.float32(0), qint32_to_float(s_min, in_min, in_max))
+        hi = qint32_to_float(s_max, in_min, in_max)
     finite = np.isfinite(run_min) and np.isfinite(run_max)
     if finite and (lo.min() != run_min or hi.max() != run_max):
         probe.fallback_reason = "per-sample ranges disagree with the batch range"

@@ -35,7 +35,16 @@ from typing import TYPE_CHECKING
 from pydantic import Field, model_validator
 
 from orchestrator.model.artifact import node_name
-from orchestrator.model.graph_rewrite import constant_nodes, copy_graph, rename_nodes, reset_node
+from orchestrator.model.graph_rewrite import (
+    constant_nodes,
+    copy_graph,
+    make_const,
+    op_counts,
+    rename_nodes,
+    reset_node,
+    subgraph,
+    unique_name,
+)
 from orchestrator.quant import integer_bias
 from orchestrator.quant import kernel_support as ks
 from orchestrator.quant import ranges as q
@@ -188,11 +197,11 @@ def fold_constant_quantizations(graph_def: GraphDef) -> tuple[GraphDef, int]:
     for target, (data, lo, hi) in zip(targets, values, strict=True):
         source = _const_input(nodes, target.input[0])
         base = source.name if source is not None else target.name
-        names = [q.unique_name(base + suffix, taken) for suffix in
+        names = [unique_name(base + suffix, taken) for suffix in
                  ("_quantized_const", "_quantized_min", "_quantized_max")]
-        new_consts += [q.make_const(names[0], data, dtype=tf.quint8),
-                       q.make_const(names[1], lo, dtype=tf.float32),
-                       q.make_const(names[2], hi, dtype=tf.float32)]
+        new_consts += [make_const(names[0], data, dtype=tf.quint8),
+                       make_const(names[1], lo, dtype=tf.float32),
+                       make_const(names[2], hi, dtype=tf.float32)]
         renames.update({target.name: names[0], f"{target.name}:0": names[0],
                         f"{target.name}:1": names[1], f"{target.name}:2": names[2]})
 
@@ -259,7 +268,7 @@ def short_names(graph_def: GraphDef, protected: set[str]) -> dict[str, str]:
     def assign(old: str, new: str) -> None:
         if old not in protected and old not in mapping:
             taken.discard(old)
-            mapping[old] = q.unique_name(new, taken)
+            mapping[old] = unique_name(new, taken)
 
     by_prefix: dict[str, list[str]] = {}
     for f in floats:
@@ -319,12 +328,12 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
     result, folded = fold_constant_quantizations(result)
     fused = integer_bias.fuse(result, biases)
     read_shapes_from_quantized(result)
-    result = q.prune(result, artifact.input_names, outputs)
+    result = subgraph(result, [*artifact.input_names, *outputs])
     if params.short_names:
         protected = set(artifact.input_names) | {node_name(o) for o in outputs}
         rename_nodes(result, short_names(result, protected))
 
-    counts = q.op_counts(result)
+    counts = op_counts(result)
     converted = sum(v for k, v in counts.items() if k.startswith("Quantized"))
     original = {n.name for n in artifact.graph_def.node}
     left_float: dict[str, int] = {}

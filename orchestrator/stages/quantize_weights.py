@@ -25,6 +25,7 @@ from pydantic import Field
 
 from orchestrator.model.graph_rewrite import GraphIndex, const_value, copy_graph, set_const_value
 from orchestrator.quant import ranges as q
+from orchestrator.quant.numerics import float_to_quint8
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 
@@ -101,7 +102,7 @@ def widen_degenerate_ranges(graph_def: GraphDef, original: GraphDef) -> list[str
         if not hi - lo < DEGENERATE_RANGE:
             continue
         hi = lo + MINIMUM_RANGE  # lo is in (-1e-6, 0]: TF's ranges always include zero
-        quantized = q.float_to_quint8(const_value(floats[node.name]), lo, hi)
+        quantized = float_to_quint8(const_value(floats[node.name]), lo, hi)
         data.attr["value"].tensor.CopyFrom(
             tf.make_tensor_proto(quantized, dtype=tf.quint8, shape=quantized.shape))
         set_const_value(hi_node, np.float32(hi))

@@ -19,7 +19,7 @@ import pytest
 
 from orchestrator.measure import tf_runtime  # noqa: F401  (tf_adapter: TF env defaults
 from orchestrator.model.artifact import ModelArtifact, TensorSpec
-from orchestrator.quant.ranges import prune
+from orchestrator.model.graph_rewrite import subgraph
 from orchestrator.stages import StageContext, get_stage
 
 
@@ -37,7 +37,7 @@ def freeze(model: Any, input_shape: Sequence[int | None], input_name: str = "ima
     graph_def = transform_graph(
         frozen.graph.as_graph_def(), [input_name], outputs,
         "remove_control_dependencies remove_nodes(op=Identity) fold_constants(ignore_errors=true)")
-    graph_def = prune(graph_def, [input_name], outputs)
+    graph_def = subgraph(graph_def, [input_name, *outputs])
     return ModelArtifact(graph_def=graph_def,
                          inputs=(TensorSpec(input_name, "float32", tuple(input_shape)),),
                          outputs=tuple(outputs))

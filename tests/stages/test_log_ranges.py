@@ -224,7 +224,7 @@ def test_qint32_to_float_is_requantization_range_bit_for_bit() -> None:
     """The per-sample conversion must give exactly what the op gives, over wide ranges."""
     import tensorflow as tf
 
-    from orchestrator.quant.ranges import qint32_to_float
+    from orchestrator.quant.numerics import qint32_to_float
 
     rng = np.random.default_rng(0)
     for _ in range(300):

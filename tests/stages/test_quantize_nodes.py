@@ -161,13 +161,13 @@ def test_input_is_not_mutated(cnn) -> None:  # noqa: ANN001
 def test_no_quantizable_op_warns() -> None:
     import tensorflow as tf
 
-    from orchestrator.quant.ranges import prune
+    from orchestrator.model.graph_rewrite import subgraph
 
     graph = tf.Graph()
     with graph.as_default():
         x = tf.compat.v1.placeholder(tf.float32, [None, 4], name="x")
         tf.nn.softmax(x, name="y")
-    model = ModelArtifact(prune(graph.as_graph_def(), ["x"], ["y"]),
+    model = ModelArtifact(subgraph(graph.as_graph_def(), ["x", "y"]),
                           (TensorSpec("x", "float32", (None, 4)),), ("y",))
     result = apply("quantize_nodes", model)
     assert result.metrics["quantized_ops"] == result.metrics["quantizable_ops"] == 0
@@ -197,13 +197,13 @@ def _const(*shape: int) -> object:
 def _one_op_graph(shape: list[int], fn) -> ModelArtifact:  # noqa: ANN001
     import tensorflow as tf
 
-    from orchestrator.quant.ranges import prune
+    from orchestrator.model.graph_rewrite import subgraph
 
     graph = tf.Graph()
     with graph.as_default():
         x = tf.compat.v1.placeholder(tf.float32, shape, name="x")
         tf.identity(fn(x), name="y")
-    return ModelArtifact(prune(graph.as_graph_def(), ["x"], ["y"]),
+    return ModelArtifact(subgraph(graph.as_graph_def(), ["x", "y"]),
                          (TensorSpec("x", "float32", tuple(shape)),), ("y",))
 
 

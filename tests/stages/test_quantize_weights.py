@@ -101,7 +101,7 @@ def zero_bias_cnn() -> ModelArtifact:
     Mean -> MatMul -> BiasAdd(all-zero bias). Untrained batch norms fold to such biases."""
     import tensorflow as tf
 
-    from orchestrator.quant.ranges import prune
+    from orchestrator.model.graph_rewrite import subgraph
 
     rng = np.random.default_rng(0)
     graph = tf.Graph()
@@ -114,7 +114,7 @@ def zero_bias_cnn() -> ModelArtifact:
         w = tf.constant(rng.normal(0, 1, (8, 10)).astype("f4"), name="dense/w")
         h = tf.matmul(h, w, name="dense")
         tf.nn.bias_add(h, tf.constant(np.zeros(10, "f4"), name="dense/bias"), name="logits")
-    return ModelArtifact(prune(graph.as_graph_def(), ["image"], ["logits"]),
+    return ModelArtifact(subgraph(graph.as_graph_def(), ["image", "logits"]),
                          (TensorSpec("image", "float32", (None, 6, 6, 3)),), ("logits",))
 
 
