@@ -92,6 +92,15 @@ def format_count(count: int | float | None) -> str:
     return DASH if count is None else f"{int(count):,}"
 
 
+def format_number(value: float | None, spec: str = "") -> str:
+    """A figure as format() writes it with `spec` (accuracy ".4f" -> "0.9812", a drop
+    "+.4f" -> "-0.0031", bytes "," -> "272,520"); None or NaN (not measured) -> "-", as
+    format_ms shows a missing timing."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return DASH
+    return format(value, spec)
+
+
 # --- layer names ------------------------------------------------------------------------
 
 

@@ -3,6 +3,8 @@ resolves them and says, before anything reads or writes, why one cannot be used.
 
 Special files are refused up front: a FIFO with no writer would hang a reader, `/dev/zero`
 never ends, a symlink loop or a NUL byte makes the standard library raise odd errors.
+
+Also how a file is written whole (atomic_write_bytes) and with which mode.
 """
 
 from __future__ import annotations
@@ -136,6 +138,45 @@ def _write_reason(exc: OSError) -> str:
 def describe_os_error(exc: OSError) -> str:
     """A short reason for an OSError met while writing (read-only, full, ...)."""
     return _write_reason(exc)
+
+
+def current_umask() -> int:
+    """The process's umask. Reading it means setting it: not while another thread creates
+    files (the CLI's writers run in the main thread)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def plain_file_mode() -> int:
+    """The mode a plain open() gives a new file (0666 less the umask), for a temporary file
+    renamed into place as an ordinary one: mkstemp makes 0600."""
+    return 0o666 & ~current_umask()
+
+
+def atomic_write_bytes(path: Path, data: bytes, plain_mode: bool = False) -> None:
+    """Write via a temp file in the same folder (made with its parents), fsynced, then
+    renamed: readers never see half a file. Mode 0600, as mkstemp makes it (a decrypted
+    model stays private), unless `plain_mode`: then as open() would make it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        if plain_mode:
+            os.fchmod(fd, plain_file_mode())
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str, plain_mode: bool = False) -> None:
+    """atomic_write_bytes of `text` in UTF-8."""
+    atomic_write_bytes(path, text.encode("utf-8"), plain_mode)
 
 
 # scheme://... (two letters or more: C:/ is a Windows drive); pathlib joins collapse the

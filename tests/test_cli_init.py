@@ -13,6 +13,7 @@ from orchestrator.cli.init import choose_data, recipe_name
 from orchestrator.cli.main import main
 from orchestrator.errors import DataError
 from orchestrator.model.artifact import TensorSpec
+from orchestrator.paths import plain_file_mode
 from orchestrator.recipe import schema
 from orchestrator.recipe.loading import load_recipe
 
@@ -68,7 +69,7 @@ def test_a_recipe_that_runs_at_once_without_data(project: Path,
     assert "# - log_ranges: {samples: 200}  # needs data.representative" in text
     assert "  # litert_int8:" in text
     assert "# targets:" in text and "#     budgets: {max_size_mb: 0.35," in text
-    assert oct(recipe.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+    assert oct(recipe.stat().st_mode & 0o777) == oct(plain_file_mode())
     assert sorted(p.name for p in recipe.parent.iterdir()) == ["digits.yaml",
                                                                schema.SCHEMA_FILE]
 
@@ -227,14 +228,6 @@ def test_choose_data_by_shape_then_name(tmp_path: Path) -> None:
     (tmp_path / "bad.npz").write_text("no zip")
     with pytest.raises(DataError, match="cannot read the .npz"):
         choose_data(tmp_path / "bad.npz", spec)
-
-
-def _umask() -> int:
-    import os
-
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 @pytest.mark.slow

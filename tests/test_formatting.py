@@ -8,6 +8,7 @@ from orchestrator.formatting import (
     format_count,
     format_mib,
     format_ms,
+    format_number,
     format_size,
     layer_name,
     layer_names,
@@ -52,6 +53,16 @@ def test_sizes_are_mib_the_unit_of_the_budget_keys() -> None:
 def test_counts() -> None:
     assert format_count(268_364) == "268,364"
     assert format_count(None) == "-"
+
+
+def test_numbers_by_spec_and_a_dash_when_not_measured() -> None:
+    """The one formatter of the report page and the history table (they had a copy each)."""
+    assert format_number(0.98125, ".4f") == "0.9812"
+    assert format_number(-0.0031, "+.4f") == "-0.0031"
+    assert format_number(272_520, ",") == "272,520"
+    assert format_number(3) == "3"
+    assert format_number(None, ".4f") == "-"
+    assert format_number(float("nan"), ".4f") == "-" == format_ms(float("nan"))
 
 
 NAMES = ["StatefulPartitionedCall/digits_cnn_1/dense1_1/MatMul;"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cache.store import Store, StoredResult, atomic_write_bytes
+from orchestrator.cache.store import Store, StoredResult
 from orchestrator.model.artifact import ModelArtifact, TensorSpec
 
 
@@ -43,11 +43,3 @@ def test_failed_put_leaves_nothing(tmp_path: Path) -> None:
     assert not store.has("cd" * 32)
     assert not store.entry("cd" * 32).exists()
     assert not list(tmp_path.rglob("*.tmp"))
-
-
-def test_atomic_write_replaces_whole_file(tmp_path: Path) -> None:
-    target = tmp_path / "out" / "report.json"
-    atomic_write_bytes(target, b"first")
-    atomic_write_bytes(target, b"second")
-    assert target.read_bytes() == b"second"
-    assert [p.name for p in target.parent.iterdir()] == ["report.json"]

@@ -350,3 +350,44 @@ def test_the_saved_view_follows_the_recipes_quality_measure() -> None:
     columns = _view_columns({key: key_metrics_view(unlabelled, 1, 1)[1]})
     assert "metrics.`selected.phone.fidelity`" in columns
     assert not any("accuracy" in column for column in columns)
+
+
+def test_one_open_client_for_history_and_registry(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """tracking.common.open_client, which history and the registry both call with their own
+    error: a missing local store is that caller's message and is not created; an
+    unreachable server names the URI, credentials hidden; a reachable store gets a client
+    with MLflow's retries bounded and its progress bars off, the environment winning."""
+    import socket
+
+    from orchestrator.errors import OrchestratorError
+    from orchestrator.tracking.common import open_client
+    from orchestrator.tracking.history import HistoryError
+    from orchestrator.tracking.registry import RegistryError
+
+    database = tmp_path / "mlruns" / "mlflow.db"
+    with pytest.raises(OrchestratorError, match=re.escape(f"none at {database}")):
+        open_client(f"sqlite:///{database}", HistoryError,
+                    lambda path: OrchestratorError(f"none at {path}"))
+    assert not database.parent.exists()
+    with socket.socket() as unused:  # a port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    with pytest.raises(RegistryError, match=re.escape(
+            f"MLflow tracking at 'http://***@127.0.0.1:{port}' is unreachable")) as caught:
+        open_client(f"http://user:pa55@127.0.0.1:{port}", RegistryError, RegistryError)
+    assert caught.value.exit_code == 2 and "pa55" not in str(caught.value)
+    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR",
+                 "MLFLOW_LOGGING_LEVEL"):  # unset, and unset again after the test
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "7")
+    database.parent.mkdir()
+    database.touch()
+    client = open_client(f"sqlite:///{database}", HistoryError, HistoryError)
+    assert client.tracking_uri == f"sqlite:///{database}"
+    import os
+
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "3"
+    assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "7"
+    assert os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] == "false"

@@ -46,25 +46,6 @@ class StoredResult:
     facts: dict[str, Any] = field(default_factory=dict)  # model_facts of the stored model
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write via a temp file in the same folder, then rename: readers never see half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
 @contextmanager
 def interrupts_deferred() -> Iterator[None]:
     """Hold Ctrl-C and SIGTERM while a few renames commit (or discard) a set of files, so

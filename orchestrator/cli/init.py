@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import DataError, OrchestratorError
+from orchestrator.paths import plain_file_mode
 
 if TYPE_CHECKING:
     from orchestrator.model.artifact import ModelArtifact, TensorSpec
@@ -150,7 +151,7 @@ def write_new_recipe(output: Path, text: str) -> None:
         raise InitError(f"cannot write in {folder}: {exc.strerror or exc}",
                         file=str(output)) from None
     try:
-        os.fchmod(fd, 0o666 & ~current_umask())  # a recipe as any new file (mkstemp: 0600)
+        os.fchmod(fd, plain_file_mode())  # a recipe as any new file (mkstemp: 0600)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
@@ -177,12 +178,6 @@ def write_new_recipe(output: Path, text: str) -> None:
                 made.rmdir()
             except OSError:
                 break
-
-
-def current_umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 # --------------------------------------------------------------------------- naming

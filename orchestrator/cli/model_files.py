@@ -31,9 +31,9 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def cmd_decrypt(args: argparse.Namespace) -> int:
-    from orchestrator.cache.store import atomic_write_bytes
     from orchestrator.model.encryption import decrypt
     from orchestrator.model.keys import DEFAULT_ENV, load_key
+    from orchestrator.paths import atomic_write_bytes
 
     try:
         key = load_key(args.key_env or DEFAULT_ENV, args.key_file)

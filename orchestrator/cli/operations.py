@@ -74,8 +74,7 @@ def _registry_report(name: str, alias: str, tracking_uri: str) -> Any:
 
 def cmd_gate(args: argparse.Namespace) -> int:
     """Compare REPORT with its baseline; write the Markdown; 1 when a limit is broken."""
-    from orchestrator.cache.store import atomic_write_text
-    from orchestrator.paths import describe_os_error
+    from orchestrator.paths import atomic_write_text, describe_os_error
     from orchestrator.results.gate import Limits, compare, load_baseline, load_report, to_markdown
 
     defaults = Limits()
@@ -196,8 +195,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         env = f"PREFECT_API_URL={api} " if server is not None else ""
         print(f"Run one now: {env}prefect deployment run '{flow}/{planned[0].name}'",
               flush=True)
-        deployments.serve(planned, recipe_flow, limit=args.limit,
-                          keep_schedules=server is not None)
+        deployments.serve_deployments(planned, recipe_flow, limit=args.limit,
+                                      keep_schedules=server is not None)
     finally:  # also on SIGTERM, which Prefect's runner turns into SystemExit(0)
         if server is not None:
             server.release()

@@ -295,7 +295,7 @@ def _open(args: argparse.Namespace, dashboards: Dashboards,
     lines = _mlflow_lines(dashboards, uri, recipe)
     lines += _prefect_lines(dashboards, own_prefect, args.prefect_port)
     say("\n".join([*lines, "Ctrl-C stops what this command started."]))
-    return _serve(dashboards)
+    return _watch_until_stopped(dashboards)
 
 
 def _launch_mlflow(dashboards: Dashboards, uri: str, port: int | None, root: Path) -> None:
@@ -363,7 +363,7 @@ def _prefect_lines(dashboards: Dashboards, own: str | None, port: int | None) ->
     return [f"Prefect  {ui}runs", f"         {note}"]
 
 
-def _serve(dashboards: Dashboards) -> int:
+def _watch_until_stopped(dashboards: Dashboards) -> int:
     """Until a signal: watch that the MLflow UI keeps running."""
     from orchestrator.flow.local_server import pid_alive
 

@@ -280,8 +280,8 @@ class ScheduleKeeper:
             self.thread.join(timeout=1)  # a request in flight must not hold up Ctrl-C
 
 
-def serve(planned: Sequence[RecipeDeployment], flow: Any, limit: int | None = 1,
-          keep_schedules: bool = False) -> None:
+def serve_deployments(planned: Sequence[RecipeDeployment], flow: Any, limit: int | None = 1,
+                      keep_schedules: bool = False) -> None:
     """Serve the deployments from this process with Prefect's `serve` until Ctrl-C or
     SIGTERM; Prefect pauses their schedules when it stops. `limit`: runs at a time (one
     run already uses every core). `keep_schedules`: the server runs no scheduler service."""

@@ -98,13 +98,13 @@ def _file_route(path: str, file: Path) -> Any:
     from starlette.responses import FileResponse
     from starlette.routing import Route
 
-    async def serve(_request: Any) -> FileResponse:
+    async def send_file(_request: Any) -> FileResponse:
         return FileResponse(file)
 
-    return Route(path, serve)
+    return Route(path, send_file)
 
 
-async def _serve(args: argparse.Namespace) -> None:
+async def _run_server(args: argparse.Namespace) -> None:
     import uvicorn
 
     config = uvicorn.Config("orchestrator.flow.server_process:create_app", factory=True,
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     # so that the record below is removed
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        asyncio.run(_serve(args))
+        asyncio.run(_run_server(args))
     finally:
         if args.idle > 0:
             try:

@@ -170,7 +170,7 @@ def _forked_probe(spec: dict[str, Any]) -> dict[str, Any]:
     return {"error": f"the probe process exited with {os.waitstatus_to_exitcode(status)}"}
 
 
-def serve(socket_path: str | None = None) -> None:
+def zygote_loop(socket_path: str | None = None) -> None:
     """The zygote's loop: a JSON spec per stdin line, a JSON answer per stdout line; and,
     with `socket_path`, one spec and its answer per connection there. Ends at the end of
     stdin (the process that started it is gone)."""
@@ -285,7 +285,7 @@ class _Zygote:
         self._socket_dir = tempfile.mkdtemp(prefix="orchestrator-probe-")
         socket_path = os.path.join(self._socket_dir, "probe.sock")
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.measure.load_probe", "--serve", socket_path],
+            [sys.executable, "-m", "orchestrator.measure.load_probe", "--zygote", socket_path],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env,
             start_new_session=True)  # a Ctrl-C at the terminal is for the run to handle
         self._pending, self._ready = b"", False
@@ -479,5 +479,5 @@ def write_runnable_memmapped(package_bytes: bytes, folder: Path) -> Path:
     return path
 
 
-if __name__ == "__main__":  # the zygote: python -m orchestrator.measure.load_probe --serve [SOCKET]
-    serve(sys.argv[2] if len(sys.argv) > 2 else None)
+if __name__ == "__main__":  # python -m orchestrator.measure.load_probe --zygote [SOCKET]
+    zygote_loop(sys.argv[2] if len(sys.argv) > 2 else None)

@@ -51,23 +51,9 @@ def schema_text() -> str:
 def write_schema(path: Path) -> None:
     """Write the schema to `path` atomically (a temp file renamed into place: a reader
     never sees half a file), with the mode any new file gets."""
-    import tempfile
+    from orchestrator.paths import atomic_write_text
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        mask = os.umask(0o022)
-        os.umask(mask)
-        os.fchmod(fd, 0o666 & ~mask)  # mkstemp makes 0600
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(schema_text())
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(Path(path), schema_text(), plain_mode=True)
 
 
 def modeline(recipe: Path, schema: Path) -> str:

@@ -22,10 +22,6 @@ PICTURES = (("Size against quality per target (estimated device latency as colou
             ("Per-layer error of the 8-bit variants", "layer_errors.png"))
 
 
-def _fmt(value: Any, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def _describe_settings(settings: Mapping[str, Any] | None, scope: str = "") -> str:
     """A guard trial's settings in words; layer names as everywhere (formatting.layer_name
     without the variant's shared `scope`)."""
@@ -98,6 +94,7 @@ def render(report: Mapping[str, Any], images: Mapping[str, bytes],
         format_count,
         format_mib,
         format_ms,
+        format_number,
         format_size,
         layer_names,
     )
@@ -144,7 +141,7 @@ def render(report: Mapping[str, Any], images: Mapping[str, bytes],
         ships=_ships(report, out_dir), size_note=SIZE_UNIT_NOTE, params_note=PARAMS_NOTE,
         pictures=[(title, name) for title, name in PICTURES if name in images],
         images={name: base64.b64encode(png).decode() for name, png in images.items()},
-        fmt=_fmt, ms=format_ms, count=format_count, layer_names=layer_names,
+        fmt=format_number, ms=format_ms, count=format_count, layer_names=layer_names,
         size=lambda b: format_size(b, unit=False), mib=lambda m: format_mib(m, unit=False),
         describe_settings=lambda settings, name: _describe_settings(
             settings, _scope(variants[name])))

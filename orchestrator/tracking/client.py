@@ -1,7 +1,8 @@
 """The run's MLflow hook: plain messages to the tracking worker (orchestrator.tracking.worker).
 
 The worker starts with the hook, imports MLflow on the other core and logs as messages
-arrive; nothing here waits for it until `run_id` (for the report) and `finish`. A worker
+arrive (this module never imports MLflow: the run's own process does not pay for it);
+nothing here waits for it until `run_id` (for the report) and `finish`. A worker
 that fails is reported as a TrackingError (exit 2) naming the tracking URI: before the flow
 when its error is already there (`check`), else at those points, with the stage results of
 the run cached for the next one.

@@ -9,15 +9,15 @@ for the target's device), the param `recipe.git_commit`, and the host from the
 run's report.json artifact. A run that failed, is still running or selected nothing stays
 in the history as such.
 
-MLflow is queried through MlflowClient with the project's tracking URI only, and a local
-store that does not exist is never created. Not imported by any stage.
+MLflow is queried through MlflowClient (common.open_client) with the project's tracking URI
+only, and a local store that does not exist is never created. MLflow is imported inside
+functions only, as everywhere in tracking/, the only package that imports it.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.engine.run_names import short_commit
 from orchestrator.errors import OrchestratorError, OutputError
-from orchestrator.formatting import MIB, SIZE_UNIT_NOTE, format_ms, format_size
+from orchestrator.formatting import MIB, SIZE_UNIT_NOTE, format_ms, format_number, format_size
 
 if TYPE_CHECKING:
     from mlflow.entities import Run
@@ -77,27 +77,12 @@ class Row:
 
 
 def open_client(tracking_uri: str, recipe_name: str, recipe_arg: str) -> MlflowClient:
-    """A client of the project's tracking store; HistoryError (exit 2) when it is
-    unreachable, or when the local store does not exist yet (not created here)."""
-    from orchestrator.redaction import redact
-    from orchestrator.tracking.common import HTTP_DEFAULTS, probe
+    """A client of the project's tracking store (common.open_client); HistoryError (exit 2)
+    when it is unreachable, or when the local store does not exist yet."""
+    from orchestrator.tracking.common import open_client as open_tracking
 
-    if tracking_uri.startswith("sqlite:///"):
-        database = Path(tracking_uri.removeprefix("sqlite:///").split("?")[0])
-        if not database.is_file():
-            raise no_runs(recipe_name, recipe_arg, f"no MLflow store at {database}")
-    unreachable = probe(tracking_uri)
-    if unreachable:
-        raise HistoryError(f"MLflow tracking at {redact(tracking_uri)!r} is unreachable: "
-                           f"{unreachable}", field="MLFLOW_TRACKING_URI")
-    for key, value in HTTP_DEFAULTS.items():  # a failing server says so within seconds
-        os.environ.setdefault(key, value)
-    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
-    # report.json per run: no progress bar for each on stderr
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri)
+    return open_tracking(tracking_uri, HistoryError, lambda database: no_runs(
+        recipe_name, recipe_arg, f"no MLflow store at {database}"))
 
 
 def no_runs(recipe_name: str, recipe_arg: str, where: str) -> HistoryError:
@@ -291,16 +276,12 @@ def history_rows(tracking_uri: str, recipe_name: str, recipe_arg: str,
 # --- the table
 
 
-def _num(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def _cells(rows: Sequence[Row], hosts: Mapping[str, int]) -> list[list[str]]:
     """Timings as formatting.format_ms writes them (3 significant digits, µs below 1 ms),
     sizes in MiB (3 significant digits) beside the exact bytes."""
     return [[row.start_time, row.git_commit or "-", row.target or "-", row.selected or "-",
-             _num(row.size_bytes, ","), format_size(row.size_bytes, unit=False),
-             _num(row.quality, ".4f"), format_ms(row.latency_p50_ms),
+             format_number(row.size_bytes, ","), format_size(row.size_bytes, unit=False),
+             format_number(row.quality, ".4f"), format_ms(row.latency_p50_ms),
              f"[{hosts[row.host]}]" if row.host in hosts else "-",
              format_ms(row.est_latency_ms), row.note or ""] for row in rows]
 
@@ -554,34 +535,16 @@ def _latency_scale(ax: Any, rows: Sequence[Row]) -> None:
                                                if value > 0 else "0"))
 
 
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def write_chart(png: bytes, folder: Path) -> Path:
-    """`folder/history.png`, written whole or not at all (a temporary file, then a rename).
-    OutputError (exit 2) when the folder cannot be written."""
-    from orchestrator.paths import describe_os_error
+    """`folder/history.png`, written whole or not at all (a temporary file, then a rename),
+    with the mode a plain open() gives it. OutputError (exit 2) when the folder cannot be
+    written."""
+    from orchestrator.paths import atomic_write_bytes, describe_os_error
 
     target = folder / CHART_FILE
-    tmp: str | None = None
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        handle, tmp = tempfile.mkstemp(dir=folder, prefix=".history-", suffix=".png.tmp")
-        with os.fdopen(handle, "wb") as out:
-            out.write(png)
-        os.chmod(tmp, 0o666 & ~_umask())  # as a plain open() would make it, not mkstemp's 0600
-        os.replace(tmp, target)
-        tmp = None
+        atomic_write_bytes(target, png, plain_mode=True)
     except OSError as exc:
         raise OutputError(f"cannot write {target}: {describe_os_error(exc)}",
                           file=str(folder)) from exc
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
     return target

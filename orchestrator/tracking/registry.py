@@ -1,6 +1,7 @@
 """The MLflow Model Registry: a run registers its selection as the `candidate` version of the
 model named like the recipe, and `orchestrator promote` moves an alias (`production`) to it
-only through the gates. Tracking-side: MLflow is imported here, lazily.
+only through the gates. MLflow is imported inside functions only, as everywhere in
+tracking/, the only package that imports it.
 
 A version's source is the parent run's artifact folder `registered_model/`: per target the
 selected variant's files (`<target>/model.pb`, `model.enc`...) and the run's `report.json`,
@@ -10,7 +11,6 @@ which is all that `promote` and `gate --baseline registry:NAME@ALIAS` read back.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import tempfile
@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import OrchestratorError
 from orchestrator.redaction import redact
-from orchestrator.tracking.common import HTTP_DEFAULTS, REGISTRY_STATUS_TAG, probe
+from orchestrator.tracking.common import REGISTRY_STATUS_TAG
+from orchestrator.tracking.common import open_client as open_tracking
 
 if TYPE_CHECKING:
     from mlflow.entities.model_registry import ModelVersion
@@ -134,23 +135,11 @@ def _ensure_registered_model(client: MlflowClient, name: str,
 
 
 def open_client(tracking_uri: str) -> MlflowClient:
-    """A client of a registry that exists and answers; RegistryError (exit 2) otherwise.
-    A local store is never created here."""
-    where = redact(tracking_uri)
-    if tracking_uri.startswith("sqlite:"):
-        database = Path(tracking_uri.removeprefix("sqlite:///").split("?")[0])
-        if not database.is_file():
-            raise RegistryError(f"no MLflow store at {database}: run the recipe with "
-                                "`register: true` first", field="MLFLOW_TRACKING_URI")
-    unreachable = probe(tracking_uri)
-    if unreachable:
-        raise RegistryError(f"MLflow tracking at {where!r} is unreachable: {unreachable}",
-                            field="MLFLOW_TRACKING_URI")
-    for key, value in HTTP_DEFAULTS.items():
-        os.environ.setdefault(key, value)
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri)
+    """A client of a registry that exists and answers (common.open_client); RegistryError
+    (exit 2) otherwise. A local store is never created here."""
+    return open_tracking(tracking_uri, RegistryError, lambda database: RegistryError(
+        f"no MLflow store at {database}: run the recipe with `register: true` first",
+        field="MLFLOW_TRACKING_URI"))
 
 
 def alias_version(client: MlflowClient, name: str, alias: str,

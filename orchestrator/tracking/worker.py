@@ -1,8 +1,10 @@
-"""MLflow tracking, in a process of its own: the only module that imports mlflow (with
-registry.py, which it calls).
+"""MLflow tracking, in a process of its own. tracking/ is the only package that imports
+MLflow (a contract in pyproject.toml holds it), and only inside functions: this worker,
+registry.py (which it calls at the end of a run, and `promote` and `gate` call), history.py
+and common.open_client (which read a store back).
 
 Importing MLflow costs about 1.5 s of CPU, as much as a cached re-run has work. So each run
-starts `python -m orchestrator.tracking.worker` first thing (tracking_client.TrackingClient), which
+starts `python -m orchestrator.tracking.worker` first thing (client.TrackingClient), which
 imports MLflow on the other core while the run loads the model and runs its flow, and sends
 it plain JSON lines, one per event. This worker logs, through MlflowClient with explicit run
 ids, into one experiment per recipe:
@@ -22,7 +24,7 @@ ids, into one experiment per recipe:
 Protocol (one JSON object per line): in on stdin, ops `start`, `node_end`, `node_error`,
 `trial`, `finish`; out on the original stdout, `started` (with the run id), `finished` (with
 the registry outcome), or `error` (after which the worker stops). Secret-looking keys are
-dropped before they leave the run's process (tracking_client); a worker whose input ends
+dropped before they leave the run's process (client.py); a worker whose input ends
 before `finish` (the run died) marks its runs FAILED.
 """
 
@@ -442,8 +444,9 @@ class MlflowLogger:
         self.parent_run_id = None
 
 
-def serve(inbox: Any, outbox: Any) -> int:
-    """The worker loop: one message per line of `inbox`, replies on `outbox`."""
+def handle_messages(inbox: Any, outbox: Any) -> int:
+    """The worker loop: one message per line of `inbox`, replies on `outbox`; returns the
+    process's exit code."""
 
     def reply(message: dict[str, Any]) -> None:
         try:
@@ -510,7 +513,7 @@ def main() -> int:
     # replies go to the original stdout; anything MLflow prints goes to stderr instead
     outbox = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    return serve(sys.stdin, outbox)
+    return handle_messages(sys.stdin, outbox)
 
 
 if __name__ == "__main__":
