@@ -149,6 +149,26 @@ def test_a_size_just_over_its_budget_shows_the_digits_that_break_it() -> None:
     assert slow == "estimated latency 56.9 µs > max_latency_ms 0.05 ms"
 
 
+def test_ram_over_the_device_and_over_the_budget_read_alike() -> None:
+    """Size, the device's RAM limit and max_ram_mb: one rule (over the limit, shown with
+    the digits that tell the two apart), and both RAM messages name what was measured."""
+    from types import SimpleNamespace
+
+    variant = {"size_bytes": MB + 400, "ram_bytes": 3 * MB + 400, "ram_measure": "heap growth"}
+    device = SimpleNamespace(ram_limit_mb=3)
+    budgets = Budgets(max_size_mb=1, max_ram_mb=2)
+    assert check_budgets(variant, budgets, None, device) == [
+        "RAM 3.0004 MiB (heap growth) > the device's limit of 3.0000 MiB",
+        "size 1.0004 MiB > max_size_mb 1 MiB",
+        "RAM 3.00 MiB (heap growth) > max_ram_mb 2 MiB"]
+    assert [v.kind for v in check_budgets(variant, budgets, None, device)] == [
+        "ram", "size", "ram"]
+    # at the limit is within it; no limit, no check (nor a look at the figure)
+    at_limit = {"size_bytes": MB, "ram_bytes": 3 * MB}
+    assert check_budgets(at_limit, Budgets(max_size_mb=1, max_ram_mb=3), None, device) == []
+    assert check_budgets({"size_bytes": None, "ram_bytes": None}, Budgets(), None) == []
+
+
 def test_budgets_model() -> None:
     assert not has_quality_budgets(Budgets(max_size_mb=1))
     assert has_quality_budgets(Budgets(min_sqnr_db=20))

@@ -117,6 +117,28 @@ def test_a_figure_the_change_stops_measuring_breaks_its_limit() -> None:
     assert statuses(result)[("int8", "accuracy")] == "n/a"
 
 
+def test_each_row_has_a_change_a_status_and_when_broken_why() -> None:
+    """Growth, drop and a figure no longer measured settle their rows by one rule:
+    "broken" with the reason, else "ok", "-" without a limit, "n/a" with nothing to
+    compare."""
+    base = report(int8=variant(size=100_000, accuracy=0.99))
+    new = report(int8=variant(size=120_000, accuracy=0.97, p50=None))
+    rows = [(r.metric, r.status, r.change, r.reason) for r in compare(new, base, Limits()).rows]
+    assert rows == [
+        ("size", "broken", "+20.0 %", "size (shipped file) grew +20.0 % (0.0954 MiB -> "
+         "0.114 MiB), over the limit of +10 %"),
+        ("accuracy", "broken", "-0.0200", "accuracy dropped 0.0200 (0.9900 -> 0.9700), over "
+         "the limit of 0.01"),
+        ("fidelity", "ok", "+0.0000", ""),
+        ("host p50 (measured)", "broken", "-", "measured latency (host p50) is not measured "
+         "in this run (the baseline has 500 µs): keep the stage that measures it"),
+        ("phone latency (est.)", "ok", "+0.0 %", ""), ("pi latency (est.)", "ok", "+0.0 %", "")]
+    off = Limits(max_size_growth_pct=None, max_accuracy_drop=None, max_fidelity_drop=None,
+                 max_latency_growth_pct=None)
+    assert [(r.status, r.reason) for r in compare(new, base, off).rows] == [
+        ("-", ""), ("-", ""), ("-", ""), ("n/a", ""), ("-", ""), ("-", "")]
+
+
 def test_new_target_and_dropped_variant_are_noted_not_failed() -> None:
     base = report(int8=variant(est={"phone": 0.03}), fp32=variant(size=1_000_000))
     new = report(int8=variant(est={"phone": 0.03, "watch": 0.5}))

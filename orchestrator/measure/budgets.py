@@ -262,17 +262,20 @@ def check_budgets(variant: Mapping[str, Any], budgets: Any, est_latency_ms: floa
     def mib(value: float, digits: int) -> str:
         return format_size(value * MB, digits, unit=False)
 
-    if device is not None and variant["ram_bytes"] / MB > device.ram_limit_mb:
-        ram, limit = apart(variant["ram_bytes"] / MB, device.ram_limit_mb, mib)
-        violations.append(Violation(f"RAM {ram} MiB ({_ram_measure(variant)}) > the "
-                                    f"device's limit of {limit} MiB", RAM))
+    def over(key: str, limit_mb: float | None) -> tuple[str, str] | None:
+        """The variant's `key` bytes and the limit in MiB, as `apart` shows them, when the
+        figure is over the limit; else None (also when there is no limit)."""
+        if limit_mb is None or variant[key] / MB <= limit_mb:
+            return None
+        return apart(variant[key] / MB, limit_mb, mib)
 
-    if budgets.max_size_mb is not None:
-        size_mb = variant["size_bytes"] / MB
-        if size_mb > budgets.max_size_mb:
-            size, _ = apart(size_mb, budgets.max_size_mb, mib)
-            violations.append(Violation(f"size {size} MiB > max_size_mb "
-                                        f"{budgets.max_size_mb:g} MiB", SIZE))
+    ram_measure = f"({_ram_measure(variant)})"
+    if device is not None and (shown := over("ram_bytes", device.ram_limit_mb)):
+        violations.append(Violation(f"RAM {shown[0]} MiB {ram_measure} > the device's "
+                                    f"limit of {shown[1]} MiB", RAM))
+    if shown := over("size_bytes", budgets.max_size_mb):
+        violations.append(Violation(f"size {shown[0]} MiB > max_size_mb "
+                                    f"{budgets.max_size_mb:g} MiB", SIZE))
     violations += quality_violations(variant_quality_metrics(variant), budgets)
     if budgets.max_latency_ms is not None:
         if est_latency_ms is None:
@@ -282,12 +285,9 @@ def check_budgets(variant: Mapping[str, Any], budgets: Any, est_latency_ms: floa
             est, _ = apart(est_latency_ms, budgets.max_latency_ms, format_ms)
             violations.append(Violation(f"estimated latency {est} > max_latency_ms "
                                         f"{budgets.max_latency_ms:g} ms", LATENCY))
-    if budgets.max_ram_mb is not None:
-        ram_mb = variant["ram_bytes"] / MB
-        if ram_mb > budgets.max_ram_mb:
-            ram, _ = apart(ram_mb, budgets.max_ram_mb, mib)
-            violations.append(Violation(f"RAM {ram} MiB ({_ram_measure(variant)}) > "
-                                        f"max_ram_mb {budgets.max_ram_mb:g} MiB", RAM))
+    if shown := over("ram_bytes", budgets.max_ram_mb):
+        violations.append(Violation(f"RAM {shown[0]} MiB {ram_measure} > max_ram_mb "
+                                    f"{budgets.max_ram_mb:g} MiB", RAM))
     return violations
 
 

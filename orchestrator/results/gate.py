@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import OrchestratorError
-from orchestrator.formatting import SIZE_UNIT_NOTE, apart, format_ms, format_size
+from orchestrator.formatting import SIZE_UNIT_NOTE, apart, format_ms, format_number, format_size
 from orchestrator.limits import name_problem
 
 MAX_REPORT_BYTES = 64 * 1024 * 1024  # a digits report is ~13 KB; a trials table adds little
@@ -212,49 +212,46 @@ def _compare_growth(row: Row, base: float | None, new: float | None, limit: floa
         row.baseline, row.current = apart(base, new, show)
     row.limit = _limit_text(limit, "max +{:g} %")
     if new is None or base is None:
-        return _missing(row, base, new, limit)
+        return _missing(row, base, limit)
     growth = _pct(base, new)
-    row.change = _fmt_pct(growth)
-    if limit is None:
-        row.status = "-"
-    elif growth > limit and new - base >= floor:
-        row.status = "broken"
-        row.reason = (f"{row.described} grew {_fmt_pct(growth)} ({row.baseline} -> "
-                      f"{row.current}), over the limit of +{limit:g} %")
-    else:
-        row.status = "ok"
-    return row
+    broken = limit is not None and growth > limit and new - base >= floor
+    return _settle(row, _fmt_pct(growth), broken, "-" if limit is None else "ok",
+                   lambda: _over(row, f"grew {_fmt_pct(growth)}", f"+{limit:g} %"))
 
 
 def _compare_drop(row: Row, base: float | None, new: float | None, limit: float | None
                   ) -> Row:
     """Fill `row` for a quality figure that must not drop more than `limit`."""
-    row.baseline = "-" if base is None else f"{base:.4f}"
-    row.current = "-" if new is None else f"{new:.4f}"
+    row.baseline = format_number(base, ".4f")
+    row.current = format_number(new, ".4f")
     row.limit = _limit_text(limit, "max -{:g}")
     if new is None or base is None:
-        return _missing(row, base, new, limit)
-    row.change = f"{new - base:+.4f}"
-    if limit is None:
-        row.status = "-"
-    elif base - new > limit + 1e-12:  # the figures are ratios of counts: no float slop
-        row.status = "broken"
-        row.reason = (f"{row.described} dropped {base - new:.4f} ({row.baseline} -> "
-                      f"{row.current}), over the limit of {limit:g}")
-    else:
-        row.status = "ok"
-    return row
+        return _missing(row, base, limit)
+    # the figures are ratios of counts: no float slop
+    broken = limit is not None and base - new > limit + 1e-12
+    return _settle(row, f"{new - base:+.4f}", broken, "-" if limit is None else "ok",
+                   lambda: _over(row, f"dropped {base - new:.4f}", f"{limit:g}"))
 
 
-def _missing(row: Row, base: float | None, new: float | None, limit: float | None) -> Row:
+def _missing(row: Row, base: float | None, limit: float | None) -> Row:
     # a change that stops measuring a gated figure must not pass the gate unseen
-    row.change = "-"
-    if base is not None and limit is not None:
-        row.status = "broken"
-        row.reason = (f"{row.described} is not measured in this run (the baseline has "
-                      f"{row.baseline}): keep the stage that measures it")
-    else:
-        row.status = "n/a"
+    return _settle(row, "-", base is not None and limit is not None, "n/a", lambda: (
+        f"{row.described} is not measured in this run (the baseline has {row.baseline}): "
+        "keep the stage that measures it"))
+
+
+def _over(row: Row, moved: str, limit: str) -> str:
+    return f"{row.described} {moved} ({row.baseline} -> {row.current}), over the limit of {limit}"
+
+
+def _settle(row: Row, change: str, broken: bool, otherwise: str, reason: Callable[[], str]
+            ) -> Row:
+    """The row's change and status: "broken" with `reason()`, else `otherwise` ("ok", or
+    "-" without a limit, or "n/a")."""
+    row.change = change
+    row.status = "broken" if broken else otherwise
+    if broken:
+        row.reason = reason()
     return row
 
 

@@ -16,6 +16,7 @@ they accept in their `Stage` record, and the recipe's wiring check enforces it.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import importlib
 import json
@@ -72,7 +73,8 @@ def unwrapped(artifact: ModelArtifact, keys: KeyLookup | None = None) -> ModelAr
 
 
 def payload_bytes(artifact: ModelArtifact) -> bytes:
-    """`to_bytes` of the kinds whose file is an opaque payload (memmapped, encrypted)."""
+    """`to_bytes` of the kinds whose file is an opaque payload (memmapped, encrypted,
+    tflite)."""
     assert artifact.payload is not None
     return artifact.payload
 
@@ -80,6 +82,13 @@ def payload_bytes(artifact: ModelArtifact) -> bytes:
 def payload_artifact(kind: str, data: bytes, signature: Mapping[str, Any]) -> ModelArtifact:
     """`from_bytes` of the payload kinds: the file's bytes as they are, no graph parsed."""
     return ModelArtifact(graph_def=None, kind=kind, payload=data, **signature_fields(signature))
+
+
+def payload_codec(kind: str) -> tuple[Callable[[ModelArtifact], bytes],
+                                      Callable[[bytes, Mapping[str, Any]], ModelArtifact]]:
+    """`to_bytes` and `from_bytes` of payload kind `kind`: `to_bytes, from_bytes =
+    payload_codec(NAME)` in its module."""
+    return payload_bytes, functools.partial(payload_artifact, kind)
 
 
 def deployed_graph(artifact: ModelArtifact, keys: KeyLookup | None = None) -> Any:

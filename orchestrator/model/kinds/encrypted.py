@@ -10,17 +10,12 @@ import json
 from typing import Any
 
 from orchestrator.model.artifact import ModelArtifact
-from orchestrator.model.kinds import KeyLookup, payload_artifact, payload_bytes
+from orchestrator.model.kinds import KeyLookup, payload_codec
 
 NAME = "encrypted"
 FILE_NAME = "model.enc"
 
-
-to_bytes = payload_bytes
-
-
-def from_bytes(data: bytes, signature: dict[str, Any]) -> ModelArtifact:
-    return payload_artifact(NAME, data, signature)
+to_bytes, from_bytes = payload_codec(NAME)
 
 
 def summary(artifact: ModelArtifact) -> dict[str, Any]:

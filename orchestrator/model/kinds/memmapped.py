@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 from orchestrator.model.artifact import ModelArtifact
-from orchestrator.model.kinds import KeyLookup, payload_artifact, payload_bytes
+from orchestrator.model.graph_rewrite import op_counts
+from orchestrator.model.kinds import KeyLookup, payload_codec
 
 NAME = "memmapped"
 FILE_NAME = "model.mmap"
 
-
-to_bytes = payload_bytes
-
-
-def from_bytes(data: bytes, signature: dict[str, Any]) -> ModelArtifact:
-    return payload_artifact(NAME, data, signature)
+to_bytes, from_bytes = payload_codec(NAME)
 
 
 def summary(artifact: ModelArtifact) -> dict[str, Any]:
@@ -26,7 +21,7 @@ def summary(artifact: ModelArtifact) -> dict[str, Any]:
 
     package = read_package(to_bytes(artifact))
     return {"params": summarize(rebuild(package))["params"],
-            "ops": dict(Counter(n.op for n in package.graph_def.node))}
+            "ops": op_counts(package.graph_def)}
 
 
 def deployed_graph(artifact: ModelArtifact, keys: KeyLookup | None = None) -> Any:
