@@ -103,7 +103,7 @@ def test_server_whose_store_folder_is_deleted_exits(home: Path) -> None:
 
 def test_server_for_one_run_exits_when_the_run_is_killed(tmp_path: Path) -> None:
     code = ("import os, sys\nfrom pathlib import Path\n"
-            "from orchestrator import prefect_server\n"
+            "from orchestrator.flow import local_server\n"
             f"server = local_server._start_for_this_run(Path({str(tmp_path)!r}))\n"
             "server.wait_ready()\nprint(server.pid, flush=True)\n"
             "os._exit(9)  # killed: no release()\n")

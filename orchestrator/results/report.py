@@ -26,6 +26,7 @@ from orchestrator.formatting import (
     apart,
     format_count,
     format_ms,
+    format_number,
     format_size,
 )
 from orchestrator.limits import name_problem
@@ -400,10 +401,6 @@ def _jsonable(value: Any) -> Any:
         return str(value)
 
 
-def _fmt(value: Any, spec: str = "") -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def _min_sqnr(variant: Mapping[str, Any]) -> str:
     """'23.1 (onset)': the lowest SQNR of the outputs that are not class scores."""
     rows = [r for r in variant.get("outputs") or [] if r.get("kind") not in (
@@ -607,9 +604,9 @@ def print_summary(report: Mapping[str, Any], out_dir: Path, console: Any = None)
             ram = format_size(v.get("ram_bytes"), unit=False)
             row.append(_marked(ram if len(ram_measures) == 1 else f"{ram} {ram_measure(v)}",
                                "ram" in cells))
-        row += [_fmt(v.get("accuracy"), ".4f"),
-                _marked(_fmt(v.get("accuracy_drop"), "+.4f"), "accuracy" in cells),
-                _marked(_fmt(v.get("fidelity"), ".4f"), "fidelity" in cells)]
+        row += [format_number(v.get("accuracy"), ".4f"),
+                _marked(format_number(v.get("accuracy_drop"), "+.4f"), "accuracy" in cells),
+                _marked(format_number(v.get("fidelity"), ".4f"), "fidelity" in cells)]
         if sqnr:
             row.append(_marked(_min_sqnr(v), "sqnr" in cells))
         table.add_row(*row, *per_target, f"{cached}/{len(v['stages'])}")

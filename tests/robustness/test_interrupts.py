@@ -202,7 +202,7 @@ def test_ctrl_c_while_the_command_exits(digits_example: Path, tmp_path: Path,
     interpreter exits. Quiet: no traceback, one `interrupted` line at most, no probe left."""
     home = tmp_path / ".orchestrator"
     child = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-             "from orchestrator import load_probe; load_probe.start(); "
+             "from orchestrator.measure import load_probe; load_probe.start(); "
              "from orchestrator.cli.main import console_main; "
              "sys.argv = ['orchestrator', 'schema']; console_main()")
     logs = tmp_path / "logs"
