@@ -156,7 +156,7 @@ def _print_where(report: dict, recipe_arg: str) -> None:
 
 
 def cmd_server(args: argparse.Namespace) -> int:
-    """The local Prefect server that runs share (see prefect_server): status, or stop."""
+    """The local Prefect server that runs share (see flow/local_server.py): status, or stop."""
     from orchestrator.cache import project
     from orchestrator.flow import local_server
     home = project.local_home(project.project_root())

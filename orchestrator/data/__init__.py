@@ -1,6 +1,6 @@
 """Representative and evaluation data: `.npz` arrays, image folders, or `module:function`.
 
-A `DataSource` (recipe_models.py) names one of three kinds of source, each read by one
+A `DataSource` (spec/models.py) names one of three kinds of source, each read by one
 module of this package, looked up in `KINDS` (as orchestrator.model.sources does for models):
 
 - npz.py: an `.npz` file, arrays by name; uncompressed members are memory-mapped.

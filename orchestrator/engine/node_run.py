@@ -1,6 +1,6 @@
 """Runs one plan node: load its input model from the store, call the stage, save the result.
 
-Nothing here knows Prefect or MLflow (pipelines/recipe_flow.py and tracking.py wrap it);
+Nothing here knows Prefect or MLflow (pipelines/recipe_flow.py and tracking/ wrap it);
 nothing here knows TensorFlow beyond what the stages and sources do.
 """
 

@@ -3,7 +3,7 @@
 Prefect would start a temporary server inside every run: about 2.5 s of CPU, and on a
 cached re-run the longest thing left. We start that same server (uvicorn serving
 `prefect.server.api.server:create_app` with the services of an ephemeral server, plus
-Prefect's UI: see prefect_daemon.create_app) in a session of its own, record it in the
+Prefect's UI: see server_process.create_app) in a session of its own, record it in the
 store folder, and let the runs that follow attach to it. `orchestrator ui` attaches the
 same way while it shows the UI. Like a
 compiler-cache server it then exits by itself, once no run has used it for
@@ -12,7 +12,7 @@ stopped when the run ends; with PREFECT_API_URL set, that server is used and non
 
 Files in the store folder: prefect-server.json (pid, port, versions), prefect-server.lock
 (held while a run looks for or starts a server), prefect-server.lease (a shared lock per
-attached run; the server exits only when it can lock it exclusively, see prefect_daemon).
+attached run; the server exits only when it can lock it exclusively, see server_process).
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def forget_server(home: Path, pid: int) -> None:
 
 # set per process, or by us: not what makes two servers different
 _NOT_IDENTITY = ("PREFECT_API_URL", "PREFECT_CLIENT_", "PREFECT_LOGGING_")
-# what prefect_daemon serves; bumped when that changes, so that a run never attaches to a
+# what server_process serves; bumped when that changes, so that a run never attaches to a
 # server of an older orchestrator (one without the UI, before 2)
 DAEMON_REVISION = "2"
 
@@ -207,7 +207,7 @@ class LocksUnavailable(OSError):
 
 
 def _is_our_daemon(pid: int, port: int) -> bool:
-    """pid is alive and is a prefect_daemon on `port` (not a process that reused the pid)."""
+    """pid is alive and is a server_process on `port` (not a process that reused the pid)."""
     if not pid_alive(pid):
         return False
     try:

@@ -1,4 +1,4 @@
-"""The process behind `prefect_server.LocalServer`: Prefect's API server and its UI, plus a
+"""The process behind `local_server.LocalServer`: Prefect's API server and its UI, plus a
 watch that ends it once it is no longer needed.
 
     python -m orchestrator.flow.server_process --port P --idle S --home DIR --parent PID

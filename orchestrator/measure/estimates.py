@@ -36,7 +36,7 @@ where slowdown is this host's measured one-core FLOP/s over the device's (the ca
 speed, not the device's total. Where the benchmark stage did not run (no host measurement),
 the estimate is FLOPs only and says so.
 
-Pure: no TensorFlow import (report.py and the registry's gate import it).
+Pure: no TensorFlow import (the report and the registry import it).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Run a `.tflite` model with LiteRT's interpreter, behind GraphRunner's interface.
 
-benchmark, evaluate and the guard take a runner from `runtime.open_runner` and never ask
+benchmark, evaluate and the guard take a runner from `tf_runtime.open_runner` and never ask
 which kind it is. Inputs and outputs are matched to the artifact's signature by name (the
 converter keeps the graph's node names), else by position. A model with int8 edges
 (`convert_tflite io: int8`) is fed float data quantized with its input's scale and zero

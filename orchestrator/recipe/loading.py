@@ -1,8 +1,8 @@
 """Recipe loading, the entry point: `load_recipe` reads the YAML with line/column for every
-field (recipe_yaml.py), applies `--set` overrides, and validates the whole recipe before
-anything runs: its shape (pydantic, errors by recipe_errors.py), stage names and params,
-names, wiring and kinds (recipe_checks.py), then adds the stages a recipe gets by default
-(recipe_defaults.py) and checks the files it names. `LoadedRecipe` is what it returns.
+field (spec/yaml_reader.py), applies `--set` overrides, and validates the whole recipe before
+anything runs: its shape (pydantic, errors by spec/error_locations.py), stage names and params,
+names, wiring and kinds (recipe/checks.py), then adds the stages a recipe gets by default
+(recipe/defaults.py) and checks the files it names. `LoadedRecipe` is what it returns.
 
 The names other modules imported from here before the split are re-exported.
 """

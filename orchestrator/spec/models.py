@@ -1,5 +1,5 @@
 """Pydantic models of the recipe (version 1). Loading, locations and wiring checks live in
-recipe.py and the recipe_*.py modules it calls; this module is only the shape of the data,
+recipe/loading.py and the recipe/ modules it calls; this module is only the shape of the data,
 so it stays light to import."""
 
 from __future__ import annotations
@@ -116,8 +116,8 @@ class Target(Strict):
 
 
 # A stage entry as written: "fold" or {"quantize_nodes": {...}}; validated against the
-# stage registry in recipe_checks.py (so that params errors carry the stage's own field
-# names). The mapping's value stays Any here: recipe_checks.parse_stage_entry checks it (one
+# stage registry in recipe/checks.py (so that params errors carry the stage's own field
+# names). The mapping's value stays Any here: recipe/checks.parse_stage_entry checks it (one
 # key, a known stage, params a mapping), with messages that name the stage.
 StageEntry = str | dict[str, Any]
 
