@@ -103,7 +103,7 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
                               run.shown_variants, run.tracker.run_id, done.guarded)
         with output_folder.replacing(run.out_dir, run.owner) as built:  # whole, or not at all
             write_outputs(built, run.out_dir, session.plan, session.data, done.outcomes,
-                          report)
+                          report, picture_cache=run.picture_cache)
         registry = run.record(report)
     return run.summary(report, registry)
 

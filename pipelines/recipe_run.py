@@ -96,6 +96,12 @@ class RecipeRun:
     def shown_variants(self) -> list[str]:
         return list(self.variants or self.loaded.recipe.pipelines)
 
+    @property
+    def picture_cache(self) -> Path:
+        """Where this machine keeps the pictures of earlier reports, for a report drawn
+        before (a cached re-run's): plots.report_plots."""
+        return project.local_home(self.root) / "pictures"
+
     @contextmanager
     def session(self, no_cache: bool, retrain: Any) -> Iterator[Session]:
         """The run's session (the model and data checked: exit 2 before anything runs),

@@ -3,7 +3,9 @@ matplotlib figures (label boxes, axis limits, colour bars, legends), not from pi
 
 from __future__ import annotations
 
+import os
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -165,6 +167,104 @@ def _rows(latencies: list[float]) -> list[Row]:
                             latency_p50_ms=p50, host="AMD EPYC, 2 cores",
                             est_latency_ms=0.0296 if target == "phone" else 0.118))
     return rows
+
+
+def _drawn_by(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The pictures report_plots draws from here on, each drawn as its name's bytes."""
+    drawn: list[str] = []
+    for function, name in ((plots.latency_histograms, "latency"),
+                           (plots.op_time_bars, "op_time"), (plots.tradeoff, "tradeoff"),
+                           (plots.layer_error_bars, "layer_errors")):
+        def draw(_: Any, name: str = name) -> bytes:
+            drawn.append(name)
+            return name.encode()
+
+        monkeypatch.setattr(plots, function.__name__, draw)
+    return drawn
+
+
+def _run_report(run_id: str, started: float, cached: bool) -> dict[str, Any]:
+    """_report() as a run wrote it: its MLflow run, and stages with their times."""
+    report = _report()
+    for variant in report["variants"].values():
+        variant["stages"] = [{"stage": "freeze", "seconds": 0.25, "cached": cached,
+                              "started": started, "finished": started + 0.25}]
+    return {**report, "mlflow_run_id": run_id}
+
+
+def test_pictures_of_a_report_drawn_before_are_kept_not_drawn_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    drawn = _drawn_by(monkeypatch)
+    first = plots.report_plots(_run_report("run1", 1000.0, cached=False), tmp_path)
+    assert len(drawn) == 4 and set(first) == set(plots.report_plots(_report()))
+    # a cached re-run: another MLflow run, other stage times, the same pictures
+    drawn.clear()
+    again = plots.report_plots(_run_report("run2", 2000.0, cached=True), tmp_path)
+    assert again == first and drawn == []
+    # a figure a picture shows changed: drawn anew, and kept beside the first
+    changed = _run_report("run3", 3000.0, cached=False)
+    changed["variants"]["fp32"]["accuracy"] = 0.5
+    assert plots.report_plots(changed, tmp_path) == first and len(drawn) == 4
+    assert len(list(tmp_path.iterdir())) == 2
+
+
+def test_kept_pictures_damaged_or_unwritable_are_drawn(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    drawn = _drawn_by(monkeypatch)
+    report = _run_report("run1", 1000.0, cached=False)
+    first = plots.report_plots(report, tmp_path)
+    (entry,) = tmp_path.iterdir()
+    (entry / "latency.png").write_bytes(b"half a picture")
+    drawn.clear()
+    assert plots.report_plots(report, tmp_path) == first and len(drawn) == 4
+    assert plots.report_plots(report, tmp_path) == first and len(drawn) == 4  # kept again
+    # a folder that cannot be written: drawn each time, and the run goes on
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    drawn.clear()
+    assert plots.report_plots(report, blocked) == first and len(drawn) == 4
+    assert plots.report_plots(report, blocked) == first and len(drawn) == 8
+
+
+def test_the_pictures_of_the_most_recently_used_reports_stay(tmp_path: Path) -> None:
+    for index in range(5):
+        plots._keep_pictures(tmp_path, f"key{index}", {"a.png": b"%d" % index})
+        os.utime(tmp_path / f"key{index}", (1000 + index, 1000 + index))
+    assert plots._kept_pictures(tmp_path, "key0") == {"a.png": b"0"}  # used now: newest
+    (tmp_path / ".new-left-by-a-killed-run").mkdir()
+    os.utime(tmp_path / ".new-left-by-a-killed-run", (1000, 1000))
+    plots._prune(tmp_path, keep=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["key0", "key3", "key4"]
+
+
+def test_a_drawing_process_draws_half_and_the_pictures_are_the_same() -> None:
+    report = _report()
+    alone = plots.report_plots(report)
+    plots.start_drawing()
+    process = plots._PAINTER.process
+    assert process is not None
+    assert plots.report_plots(report) == alone  # byte for byte
+    assert plots._PAINTER.process is None and process.poll() is not None  # one report each
+
+
+def test_a_picture_that_fails_fails_as_it_does_without_a_drawing_process() -> None:
+    report = _report()
+    report["variants"]["fp32"]["latency_runs_ms"] = ["not a number"]  # the second share's
+    with pytest.raises(Exception) as alone:
+        plots.report_plots(report)
+    plots.start_drawing()
+    with pytest.raises(Exception) as helped:
+        plots.report_plots(report)
+    assert (type(helped.value), str(helped.value)) == (type(alone.value), str(alone.value))
+    assert plots._PAINTER.process is None
+
+
+def test_a_drawing_process_that_drew_nothing_is_ended() -> None:
+    plots.start_drawing()
+    process = plots._PAINTER.process
+    assert process is not None
+    plots.stop_drawing()
+    assert process.poll() is not None and plots._PAINTER.process is None
 
 
 def test_history_legend_fits_and_latency_stays_above_zero() -> None:

@@ -62,15 +62,19 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from orchestrator.cache import project
-    from orchestrator.flow import local_server, task_runners, warm_up
-    from orchestrator.recipe.checks import check_variants
-    from orchestrator.recipe.loading import load_recipe
-    from orchestrator.results import output_folder
-    from orchestrator.results.progress import ConsoleProgress
     from orchestrator.tracking import client as tracking_client
 
     server = None
     try:
+        # first of all: the tracking worker's MLflow import (1.5 s, on a cached re-run the
+        # longest thing left) runs on the other core beside everything below, Prefect's
+        # import included; a recipe that fails to load ends it unused (finally)
+        _prestart_tracking(args.recipe)
+        from orchestrator.flow import local_server, task_runners, warm_up
+        from orchestrator.recipe.checks import check_variants
+        from orchestrator.recipe.loading import load_recipe
+        from orchestrator.results import output_folder
+
         loaded = load_recipe(args.recipe, args.set)
         check_variants(loaded, args.variant)
         root = project.project_root(loaded.path)
@@ -82,8 +86,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         project.check_folders(out_dir, store_root, root)
         output_folder.check_output_owner(out_dir, loaded.recipe.name, loaded.path, root,
                                          args.force)
-        # MLflow's import (in the tracking worker) and a booting Prefect server (~2.5 s,
-        # unless an earlier run's is up) run beside Prefect's import and the flow's start
+        # the tracking worker (for the project's own URI, should it differ from the one
+        # guessed above) and a booting Prefect server (~2.5 s, unless an earlier run's is
+        # up) run beside Prefect's import and the flow's start
         tracking_client.prestart(project.tracking_uri(root))
         server = local_server.start_if_needed(project.local_home(root))
         # TensorFlow's import (when stages are to run) while the server boots; the stages'
@@ -91,6 +96,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         chosen = task_runners.resolve(loaded, args.executor, args.dask_address)
         warm_up.run(loaded, store_root, args.variant or None, not args.no_cache,
                     prepare=chosen.address is None)
+        from orchestrator.results.progress import ConsoleProgress
         from pipelines import recipe_flow
 
         if server is not None:
@@ -118,6 +124,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return command_error(exc)
     finally:
         tracking_client.discard_prestarted()
+        _end_helpers()
         if server is not None:
             server.release()
             if server.started_here and server.lingers:  # say so, however the run ended
@@ -135,6 +142,33 @@ def cmd_run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def _end_helpers() -> None:
+    """The run is over, and so are the processes warm_up started for it: the stages' load
+    probe, ended now rather than asked to exit (its TensorFlow teardown would last a second
+    or more, all of it waited for as this process exits), and drawing processes that drew
+    nothing."""
+    probe = sys.modules.get("orchestrator.measure.load_probe")
+    if probe is not None:
+        probe.kill_now()
+    plots = sys.modules.get("orchestrator.results.plots")
+    if plots is not None:
+        plots.stop_drawing()
+
+
+def _prestart_tracking(recipe: str) -> None:
+    """The tracking worker for the project of the recipe at `recipe` (its path resolved as
+    `load_recipe` resolves it), before the recipe is read. A path that cannot be looked at
+    starts none here: loading the recipe reports it."""
+    from orchestrator.cache import project
+    from orchestrator.tracking import client as tracking_client
+
+    try:
+        root = project.project_root(Path(recipe).resolve())
+    except (OSError, RuntimeError, ValueError):
+        return
+    tracking_client.prestart(project.tracking_uri(root))
 
 
 def _print_where(report: dict, recipe_arg: str) -> None:

@@ -4,11 +4,13 @@ A first run waits seconds for the local Prefect server to boot in its own proces
 used to import TensorFlow only after that, to load the model. `run` does it first, in the
 main thread, while the server boots: when the run has stages to compute, it calls the
 `prepare` hooks of the stages still to run (the load probe's process starts importing
-TensorFlow on the other core) and imports TensorFlow; every run then imports matplotlib
-(it draws the report's pictures). A run with everything cached imports no TensorFlow: it
-needs none. The main thread, not a background one: a Ctrl-C during an import is then the
-ordinary KeyboardInterrupt (exit 130), never an interpreter torn down under a thread
-still loading TensorFlow's libraries.
+TensorFlow on the other core), imports TensorFlow, and starts the processes that will draw
+the report's pictures (they import matplotlib meanwhile: results/plots.py). A run with
+everything cached does neither: it needs no TensorFlow, and its report is the one an
+earlier run drew already (plots.py keeps those pictures; should it draw after all, it
+imports matplotlib then). The main thread, not a background one: a Ctrl-C during an
+import is then the ordinary KeyboardInterrupt (exit 130), never an interpreter torn down
+under a thread still loading TensorFlow's libraries.
 
 A problem with the recipe's files or the store is left for the run itself to find and
 report; an interrupt is the run's (exit 130).
@@ -37,7 +39,7 @@ def run(loaded: LoadedRecipe, store_root: Path | str, variants: list[str] | None
     from orchestrator.engine.plan import build_plan
     from orchestrator.engine.prepared_run import data_fingerprints
     from orchestrator.errors import OrchestratorError
-    from orchestrator.results.plots import pyplot
+    from orchestrator.results.plots import start_drawing
 
     try:
         plan = build_plan(loaded, variants, data_fingerprints(loaded))
@@ -50,4 +52,4 @@ def run(loaded: LoadedRecipe, store_root: Path | str, variants: list[str] | None
     if store is None or not store.has_model(plan.source_key) or to_compute:
         importlib.import_module("orchestrator.model.tf_adapter")  # first: TF's env defaults
         importlib.import_module("tensorflow")  # else the run needs no TensorFlow
-    pyplot()
+        start_drawing()  # new results: new pictures (else they are drawn already)

@@ -148,15 +148,16 @@ def render(report: Mapping[str, Any], images: Mapping[str, bytes],
     return html.encode()
 
 
-def report_files(report: Mapping[str, Any], out_dir: Path | None = None
-                 ) -> tuple[dict[str, bytes], list[str]]:
+def report_files(report: Mapping[str, Any], out_dir: Path | None = None,
+                 picture_cache: Path | None = None) -> tuple[dict[str, bytes], list[str]]:
     """(file name -> bytes: the PNGs and report.html, warnings). A picture or the page that
-    cannot be made is a warning, never a failed run."""
+    cannot be made is a warning, never a failed run. `picture_cache`: the folder where the
+    pictures of earlier reports are kept (plots.report_plots)."""
     from orchestrator.results.plots import report_plots
 
     warnings: list[str] = []
     try:
-        images = report_plots(report)
+        images = report_plots(report, picture_cache)
     except Exception as exc:  # noqa: BLE001  (a plot must not fail a run that succeeded)
         images = {}
         warnings.append(f"plots not drawn: {type(exc).__name__}: {exc}")

@@ -16,13 +16,35 @@
 Measured figures (the host's) and estimates (the device's) are named apart in every title
 and axis. Each picture is drawn as a matplotlib Figure first (`*_figure`, which the tests
 read back), then saved. Nothing here is imported by a stage.
+
+Drawing them takes a second or more (matplotlib's import too), as long as a whole cached
+re-run takes otherwise, and such a run's report draws the very pictures the run before
+drew: `report_plots` keeps what it drew in a folder (a run's: `.orchestrator/pictures/`),
+under a key of everything the pictures are drawn from (picture_key), and a report with the
+same key gets those bytes back without matplotlib. A run with new results starts a
+drawing process early (`start_drawing`: it imports matplotlib beside the run's work), which
+draws half the pictures while the run draws the other half, on both cores; should either
+half fail, the run draws them all itself, as it does without that process.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import io
+import json
 import math
+import os
+import pickle
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from orchestrator.formatting import MIB, format_ms, format_size, layer_names
@@ -482,9 +504,262 @@ def _wrap(text: str, width: int = 44) -> str:
     return "\n".join([*lines, line])
 
 
-def report_plots(report: Mapping[str, Any]) -> dict[str, bytes]:
-    """File name -> PNG bytes, for the pictures the report has data for."""
+def report_plots(report: Mapping[str, Any], cache: Path | None = None) -> dict[str, bytes]:
+    """File name -> PNG bytes, for the pictures the report has data for. With `cache` (a
+    folder): the pictures drawn for a report with the same picture_key, when there are
+    some; else drawn, and kept there."""
+    key = picture_key(report) if cache is not None else None
+    if cache is not None and key is not None:
+        kept = _kept_pictures(cache, key)
+        if kept is not None:
+            return kept
+    pictures = _PAINTER.draw(report)
+    if pictures is None:  # none started, or a share failed: drawn here, as always
+        variants = report["variants"]
+        made = {"latency.png": latency_histograms(variants),
+                "op_time.png": op_time_bars(variants), "tradeoff.png": tradeoff(report),
+                "layer_errors.png": layer_error_bars(variants)}
+        pictures = {name: data for name, data in made.items() if data is not None}
+    if cache is not None and key is not None:
+        _keep_pictures(cache, key, pictures)
+    return pictures
+
+
+# --- pictures kept between runs
+
+# What changes from run to run but draws nothing: the MLflow run, the page's file list
+# (set after drawing), and when each stage started and finished, cached or not (a cached
+# stage reports the seconds it was computed in, as its first run did).
+_NOT_DRAWN = ("mlflow_run_id", "page_files")
+_NOT_DRAWN_PER_STAGE = ("started", "finished", "cached")
+KEEP_PICTURES = 16  # reports whose pictures a folder keeps, the most recently used
+_MANIFEST = "pictures.json"
+
+
+def picture_key(report: Mapping[str, Any]) -> str:
+    """A digest of everything the report's pictures are drawn from: the report (less
+    `_NOT_DRAWN`), this module's and formatting's code, matplotlib's and numpy's versions
+    and matplotlib's configuration files."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from orchestrator import formatting
+
+    drawn = {k: v for k, v in report.items() if k not in _NOT_DRAWN}
+    drawn["variants"] = {
+        name: {**variant, "stages": [
+            {k: v for k, v in stage.items() if k not in _NOT_DRAWN_PER_STAGE}
+            for stage in variant.get("stages") or []]}
+        if isinstance(variant, Mapping) else variant
+        for name, variant in (report.get("variants") or {}).items()}
+    digest = hashlib.sha256(json.dumps(drawn, sort_keys=True, default=repr).encode())
+    for source in (__file__, formatting.__file__, *_rc_files()):
+        digest.update(source.encode() + b"\0" + Path(source).read_bytes())
+    for package in ("matplotlib", "numpy"):
+        try:
+            digest.update(f"{package}=={version(package)}".encode())
+        except PackageNotFoundError:
+            digest.update(f"{package} missing".encode())
+    return digest.hexdigest()
+
+
+def _rc_files() -> list[str]:
+    """The matplotlibrc files matplotlib would read besides its own (MATPLOTLIBRC, the
+    working directory's, the user's), and its font list cache, those that exist."""
+    candidates = [Path("matplotlibrc")]
+    if os.environ.get("MATPLOTLIBRC"):
+        rc = Path(os.environ["MATPLOTLIBRC"])
+        candidates += [rc, rc / "matplotlibrc"]
+    home = Path.home()
+    config = Path(os.environ.get("MPLCONFIGDIR") or Path(
+        os.environ.get("XDG_CONFIG_HOME") or home / ".config") / "matplotlib")
+    cache = Path(os.environ.get("MPLCONFIGDIR") or Path(
+        os.environ.get("XDG_CACHE_HOME") or home / ".cache") / "matplotlib")
+    candidates.append(config / "matplotlibrc")
+    found = [str(c.resolve()) for c in candidates if c.is_file()]
+    return found + sorted(str(f) for f in cache.glob("fontlist-*.json") if f.is_file())
+
+
+def _kept_pictures(cache: Path, key: str) -> dict[str, bytes] | None:
+    """The pictures kept under `key`, each as written (checked by its digest); None when
+    there are none, or they cannot be read whole."""
+    entry = cache / key
+    try:
+        listed = json.loads((entry / _MANIFEST).read_text())
+        pictures = {name: (entry / name).read_bytes() for name in listed}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    if any(hashlib.sha256(data).hexdigest() != listed[name]
+           for name, data in pictures.items()):
+        shutil.rmtree(entry, ignore_errors=True)  # damaged: this run keeps new ones
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(entry)  # recently used: the last to go (_prune)
+    return pictures
+
+
+def _keep_pictures(cache: Path, key: str, pictures: Mapping[str, bytes]) -> None:
+    """`pictures` kept under `key`: written into a folder of their own, renamed into place
+    whole (a run beside this one may keep the same). A folder that cannot be written costs
+    the next run its drawing, never this run anything."""
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        folder = Path(tempfile.mkdtemp(prefix=".new-", dir=cache))
+        try:
+            for name, data in pictures.items():
+                (folder / name).write_bytes(data)
+            (folder / _MANIFEST).write_text(json.dumps(
+                {name: hashlib.sha256(data).hexdigest() for name, data in pictures.items()}))
+            folder.rename(cache / key)
+        except OSError:
+            shutil.rmtree(folder, ignore_errors=True)
+            return
+        _prune(cache)
+    except OSError:
+        pass
+
+
+def _prune(cache: Path, keep: int = KEEP_PICTURES) -> None:
+    """The `keep` most recently used reports' pictures stay; older ones go, and so do
+    folders left half written (by a run killed while writing) an hour ago."""
+    entries, stale = [], time.time() - 3600
+    for entry in cache.iterdir():
+        try:
+            used = entry.stat().st_mtime
+        except OSError:
+            continue
+        if entry.name.startswith(".new-"):
+            if used < stale:
+                shutil.rmtree(entry, ignore_errors=True)
+        elif entry.is_dir():
+            entries.append((used, entry))
+    for _, entry in sorted(entries, reverse=True)[keep:]:
+        shutil.rmtree(entry, ignore_errors=True)
+
+
+# --- drawing on both cores
+
+# The pictures in two shares of about equal drawing time: the run draws the first, a
+# drawing process the second, at the same time
+SHARES = (("tradeoff.png", "op_time.png"), ("latency.png", "layer_errors.png"))
+DRAW_TIMEOUT_S = 300.0
+
+
+def _draw(report: Mapping[str, Any], name: str) -> bytes | None:
     variants = report["variants"]
-    made = {"latency.png": latency_histograms(variants), "op_time.png": op_time_bars(variants),
-            "tradeoff.png": tradeoff(report), "layer_errors.png": layer_error_bars(variants)}
-    return {name: data for name, data in made.items() if data is not None}
+    if name == "tradeoff.png":
+        return tradeoff(report)
+    return {"latency.png": latency_histograms, "op_time.png": op_time_bars,
+            "layer_errors.png": layer_error_bars}[name](variants)
+
+
+class _Painter:
+    """A process (`python -m orchestrator.results.plots`) that imports matplotlib as soon
+    as it starts, then draws the second share of one report's pictures while the run draws
+    the first."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        if self.process is not None:
+            return
+        package_root = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
+        with contextlib.suppress(OSError):  # then the run draws them all itself
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "orchestrator.results.plots"], env=env,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                # a Ctrl-C at the terminal is the run's to handle (it ends this process)
+                process_group=0)
+
+    def draw(self, report: Mapping[str, Any]) -> dict[str, bytes] | None:
+        """The report's pictures, in the order report_plots makes them; None when no
+        process was started, or either share met an error (report_plots then draws them
+        all itself, one after the other, and meets the first error as it always did)."""
+        process, self.process = self.process, None
+        if process is None:
+            return None
+        try:
+            assert process.stdin is not None
+            process.stdin.write(pickle.dumps((SHARES[1], dict(report))))
+            process.stdin.close()
+            drawn = {name: _draw(report, name) for name in SHARES[0]}
+            answer = pickle.loads(_read_all(process, time.monotonic() + DRAW_TIMEOUT_S))
+        except Exception:  # noqa: BLE001  (drawn again, in order, by report_plots)
+            return None
+        finally:
+            _end(process)
+        if not isinstance(answer, dict) or set(answer) != set(SHARES[1]):
+            return None  # its share met an error
+        drawn.update(answer)
+        order = ("latency.png", "op_time.png", "tradeoff.png", "layer_errors.png")
+        return {name: data for name in order if (data := drawn[name]) is not None}
+
+    def stop(self) -> None:
+        """A process that drew nothing (a run that failed, or found its pictures kept)."""
+        process, self.process = self.process, None
+        if process is not None:
+            _end(process)
+
+
+def _read_all(process: subprocess.Popen[bytes], deadline: float) -> bytes:
+    assert process.stdout is not None
+    chunks = []
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not selector.select(left):
+                raise TimeoutError("the drawing process did not answer")
+            chunk = os.read(process.stdout.fileno(), 1 << 20)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+
+
+def _end(process: subprocess.Popen[bytes]) -> None:
+    for stream in (process.stdin, process.stdout):
+        if stream is not None:
+            with contextlib.suppress(OSError):
+                stream.close()
+    if process.poll() is None:
+        process.kill()
+    process.wait()
+
+
+_PAINTER = _Painter()
+
+
+def start_drawing() -> None:
+    """Start the process that will draw half of this run's pictures (it imports matplotlib
+    now, beside the run's work): for a run whose results are new."""
+    _PAINTER.start()
+
+
+def stop_drawing() -> None:
+    """End the drawing process if it drew nothing."""
+    _PAINTER.stop()
+
+
+def _serve() -> int:
+    """The drawing process: matplotlib first, then a share of one report's pictures (in
+    on stdin, pickled, until it ends), out on stdout: {name: PNG or None}, or the name of
+    the error a picture met (the run draws them again itself, and reports it)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    pyplot()
+    request = sys.stdin.buffer.read()
+    if not request:  # the run ended without pictures to draw
+        return 0
+    share, report = pickle.loads(request)
+    try:
+        answer: Any = {name: _draw(report, name) for name in share}
+    except Exception as exc:  # noqa: BLE001  (the run's own drawing reports it)
+        answer = type(exc).__name__
+    sys.stdout.buffer.write(pickle.dumps(answer))
+    sys.stdout.buffer.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_serve())

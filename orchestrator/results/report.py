@@ -325,15 +325,17 @@ def data_summary(plan: Plan) -> dict[str, Any]:
 
 
 def write_outputs(built: Path, final: Path, plan: Plan, data: RunData,
-                  outcomes: Mapping[str, NodeOutcome], report: Mapping[str, Any]) -> None:
+                  outcomes: Mapping[str, NodeOutcome], report: Mapping[str, Any],
+                  picture_cache: Path | None = None) -> None:
     """DIR/<pipeline>/ (the model file of its kind, signature.json, stage files),
     DIR/report.json and the page, written into `built`: the empty folder that
     output_folder.replacing swaps in whole as `final` (so the page links relative to
     `final`). A folder that cannot be written (full, read-only) is an OutputError naming
-    `final`."""
+    `final`. `picture_cache`: where the pictures of earlier reports are kept, to be
+    reused when this report's are the same (plots.report_plots)."""
     from orchestrator.results.page import report_files
 
-    pictures, warnings = report_files(report, final)
+    pictures, warnings = report_files(report, final, picture_cache)
     for warning in warnings:  # the run succeeded: its pictures are not worth failing it
         print(f"warning: {warning}", file=sys.stderr)
     report["page_files"] = sorted(pictures)  # type: ignore[index]

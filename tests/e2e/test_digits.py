@@ -173,6 +173,12 @@ def test_second_run_is_all_cached(digits_run: dict) -> None:
         assert all(stage["cached"] for stage in variant["stages"]), name
         assert variant["size_bytes"] == first["variants"][name]["size_bytes"]
     assert not any(s["cached"] for s in first["variants"]["fp32"]["stages"])
+    # its pictures are the first run's, byte for byte: kept, not drawn again
+    work = digits_run["work"]
+    assert second["page_files"] == first["page_files"]
+    for name in PICTURES:
+        assert (work / "out2" / name).read_bytes() == (work / "out1" / name).read_bytes()
+    assert len(list((work / ".orchestrator" / "pictures").iterdir())) == 1
 
 
 def test_mlflow_has_parent_and_nested_runs(digits_run: dict) -> None:
