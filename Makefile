@@ -48,10 +48,12 @@ demo: $(EXAMPLE) $(DEMO_KEY)
 	@echo "the orchestrator command: . $(VENV)/bin/activate (or run $(VENV)/bin/orchestrator)"
 
 # The import layers first (docs/architecture.md; contracts in pyproject.toml), then the
-# suite; it ends with the 15 slowest tests, so that each change sees what it costs
+# suite on every core (pytest-xdist: a test file's tests stay in one worker, which keeps its
+# module's model and servers to itself); it ends with the 15 slowest tests, so that each
+# change sees what it costs
 test: $(EXAMPLE) $(TEST_STAMP)
 	$(VENV)/bin/lint-imports --no-logo --no-cache
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q -n auto --dist loadfile --durations=15
 
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check orchestrator tests examples benchmarks
