@@ -224,6 +224,10 @@ def test_kept_pictures_damaged_or_unwritable_are_drawn(
     drawn.clear()
     assert plots.report_plots(report, blocked) == first and len(drawn) == 4
     assert plots.report_plots(report, blocked) == first and len(drawn) == 8
+    # a report whose key cannot be made (keys json cannot sort): drawn, kept nowhere
+    report["variants"]["fp32"]["odd"] = {1: "one", "two": 2}
+    assert plots.report_plots(report, tmp_path / "other") == first and len(drawn) == 12
+    assert not (tmp_path / "other").exists()
 
 
 def test_the_pictures_of_the_most_recently_used_reports_stay(tmp_path: Path) -> None:

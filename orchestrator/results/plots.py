@@ -508,7 +508,12 @@ def report_plots(report: Mapping[str, Any], cache: Path | None = None) -> dict[s
     """File name -> PNG bytes, for the pictures the report has data for. With `cache` (a
     folder): the pictures drawn for a report with the same picture_key, when there are
     some; else drawn, and kept there."""
-    key = picture_key(report) if cache is not None else None
+    key = None
+    if cache is not None:
+        try:
+            key = picture_key(report)
+        except (OSError, TypeError, ValueError, AttributeError, RecursionError):
+            pass  # drawn and not kept: a report the key cannot read is no failed run
     if cache is not None and key is not None:
         kept = _kept_pictures(cache, key)
         if kept is not None:
