@@ -145,16 +145,24 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _end_helpers() -> None:
-    """The run is over, and so are the processes warm_up started for it: the stages' load
-    probe, ended now rather than asked to exit (its TensorFlow teardown would last a second
-    or more, all of it waited for as this process exits), and drawing processes that drew
-    nothing."""
-    probe = sys.modules.get("orchestrator.measure.load_probe")
-    if probe is not None:
-        probe.kill_now()
+    """The run is over, and so are the processes warm_up started for it: a drawing process
+    that drew nothing now, and the stages' load probe as this process exits: ended then,
+    rather than asked to exit, which its TensorFlow teardown makes last a second or more,
+    all of it waited for. (A process that runs again, tests or embedding, keeps it until
+    then: the next run reuses it.)"""
+    import atexit
+
     plots = sys.modules.get("orchestrator.results.plots")
     if plots is not None:
         plots.stop_drawing()
+    probe = sys.modules.get("orchestrator.measure.load_probe")
+    if probe is not None and not _ending_probe:
+        _ending_probe.append(True)
+        # registered after the probe's own exit handler, so it runs before it
+        atexit.register(probe.kill_now)
+
+
+_ending_probe: list[bool] = []  # the probe's end registered already
 
 
 def _prestart_tracking(recipe: str) -> None:

@@ -108,3 +108,24 @@ def test_a_run_that_fails_before_start_does_not_wait_for_mlflow(workspace: Path)
     client = TrackingClient()
     client.close()  # e.g. the model did not load: nothing to record
     assert client.process.returncode == -signal.SIGKILL
+
+
+def test_a_recipe_that_fails_to_load_ends_the_worker_started_for_it(
+        workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.tracking import client as tracking_client
+
+    spawned = []
+    spawn = tracking_client._spawn
+
+    def counted(uri: str):  # noqa: ANN202
+        spawned.append(spawn(uri))
+        return spawned[-1]
+
+    monkeypatch.setattr(tracking_client, "_spawn", counted)
+    recipe = workspace / "bad.yaml"
+    recipe.write_text("version: 1\nname: bad\nmodel: {path: nowhere}\n")
+    assert main(["run", str(recipe)]) == 2
+    # started before the recipe was read (MLflow's import beside the rest), then ended
+    assert len(spawned) == 1 and spawned[0].poll() is not None
+    assert not tracking_client._prestarted
+    assert not (workspace / "mlruns" / "mlflow.db").exists()  # nothing recorded
