@@ -66,3 +66,40 @@ def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
     (tmp_path / "mlruns").mkdir()
     return tmp_path
+
+
+# Test files that take minutes (a trained model, a guard search, servers), longest first, as
+# the suite's --durations measured them on the project's 2-core machine. pytest-xdist hands
+# out whole files in collection order (`make test`: --dist loadfile), so these start first
+# and the short files fill in around them, instead of a long file starting last and running
+# alone at the end.
+LONGEST_FIRST = (
+    "e2e/test_guard_photo_xception.py",
+    "test_benchmarks_quick.py",
+    "e2e/test_dask.py",
+    "robustness/test_server_faults.py",
+    "e2e/test_audio_frontend.py",
+    "e2e/test_deploy.py",
+    "e2e/test_mini_xception.py",
+    "e2e/test_scale_out.py",
+    "robustness/test_interrupts.py",
+    "e2e/test_retrain_to_deploy.py",
+    "robustness/test_concurrency.py",
+    "e2e/test_conv1d_heads.py",
+    "e2e/test_bad_inputs.py",
+    "e2e/test_dashboards.py",
+    "e2e/test_model_builds.py",
+    "e2e/test_digits.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files of LONGEST_FIRST first, in that order; every other test as collected.
+    The same order in every xdist worker (it must be: the workers compare collections)."""
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+
+    def file_rank(item: pytest.Item) -> int:
+        relative = Path(str(item.path)).relative_to(Path(__file__).parent).as_posix()
+        return rank.get(relative, len(rank))
+
+    items.sort(key=file_rank)  # stable: tests keep their order within a file
