@@ -67,7 +67,7 @@ class RecipeRun:
     overrides: list[str]
     variants: list[str] | None
     root: Path
-    store_root: Path
+    store_root: Path | str  # a local folder, or an object store URL
     out_dir: Path
     owner: Any
     tracker: Any = None
@@ -97,10 +97,11 @@ class RecipeRun:
         return list(self.variants or self.loaded.recipe.pipelines)
 
     @property
-    def picture_cache(self) -> Path:
-        """Where this machine keeps the pictures of earlier reports, for a report drawn
-        before (a cached re-run's): plots.report_plots."""
-        return project.local_home(self.root) / "pictures"
+    def picture_cache(self) -> Path | None:
+        """Where the pictures of earlier reports are kept, for a report drawn before (a
+        cached re-run's): plots.report_plots. Beside a local store only: a run whose store
+        is an object store keeps nothing on this machine, and draws its pictures."""
+        return None if not isinstance(self.store_root, Path) else self.store_root / "pictures"
 
     @contextmanager
     def session(self, no_cache: bool, retrain: Any) -> Iterator[Session]:
