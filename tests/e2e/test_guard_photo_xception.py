@@ -94,14 +94,28 @@ def test_every_kept_step_moves_towards_float(photo_run: dict) -> None:
                     or step["outcome"] == "meets budgets", step
 
 
+def _exact_in_8_bits(layers: list[str]) -> bool:
+    """Layers whose 8-bit op is exact: QuantizedMaxPool picks one of its quantized inputs,
+    so the layer in float adds nothing back, only moves its output's requantization."""
+    return all("MaxPool" in layer.rsplit("/", 1)[-1] for layer in layers)
+
+
 def test_taking_layers_to_float_never_moves_away(photo_run: dict) -> None:
     """Every float step, kept or not, leaves the output at least as close to float (within
-    a tenth of a dB): a whole layer in float cannot add error."""
+    a tenth of a dB): a whole layer in float cannot add error. A max pool is exact in 8
+    bits already: in float it only moves a requantization, which may cost a little (on an
+    AMD EPYC host, block1's pool went from 24.881 to 24.727 dB, with the code of this test's
+    own commit as well), so it is held to the guard's rule instead: a step that does not
+    help is stepped back."""
     variant = photo_run["report"]["variants"]["int8_float_only"]
     floats = [d for d in _steps(variant) if d["action"] == "float"]
     assert len(floats) >= 2, variant["guard_decisions"]
     for step in floats:
-        assert step["logit_sqnr_db_after"] >= step["logit_sqnr_db_before"] - 0.1, step
+        if _exact_in_8_bits(step["layers"]):
+            assert step["logit_sqnr_db_after"] > step["logit_sqnr_db_before"] + NOISE_DB \
+                or step["outcome"] in ("stepped back: no closer", "meets budgets"), step
+        else:
+            assert step["logit_sqnr_db_after"] >= step["logit_sqnr_db_before"] - 0.1, step
     # the layers it took back are whole: a conv goes with its BiasAdd (and activation)
     for step in floats:
         convs = [n for n in step["layers"] if n.endswith("/mul_1") or "convolution" in n]
