@@ -1,5 +1,9 @@
-"""The digits recipe on Dask (`--executor dask`, a LocalCluster of 2 workers): pipelines that
-do not depend on each other run at the same time, and the report is the local run's."""
+"""A recipe on Dask (a LocalCluster of 2 workers): pipelines that do not depend on each other
+run at the same time, parents before their `from:` children, and the report and files are the
+local run's. The recipe is the digits model cut to what a scheduler sees: a skipped stage
+(ignore_errors) whose model the children on other workers must read, siblings, a
+grandchild, a LiteRT file and a benchmark. The full digits recipe (guard, mobile, LiteRT) on
+Dask is run by tests/e2e/test_scale_out.py."""
 
 from __future__ import annotations
 
@@ -20,31 +24,62 @@ from robust_helpers import comparable_report  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-# the LocalCluster: 2 worker processes of 1 thread each (the recipe's execution block)
-EXECUTION = "execution: {executor: local, workers: 2, threads_per_worker: 1}\n"
+# the recipe's own execution block: Dask, 2 worker processes of 1 thread each
+RECIPE = """version: 1
+name: dask-digits
+model:
+  path: ../examples/digits/saved_model
+  inputs: [{name: image, dtype: float32, shape: [1, 8, 8, 1]}]
+  outputs: [probs]
+data:
+  representative: {source: ../examples/digits/data.npz, array: x_calib, samples: 200}
+  evaluation: {source: ../examples/digits/data.npz, inputs: x_test, labels: y_test}
+targets:
+  - name: pi
+    device: raspberry-pi-3
+    budgets: {max_size_mb: 2.0, max_accuracy_drop: 0.02, max_latency_ms: 100}
+execution: {executor: dask, workers: 2, threads_per_worker: 1}
+pipelines:
+  base:
+    stages: [freeze, {transform: {transforms: no_such_transform, ignore_errors: true}}]
+  stripped: {from: base, stages: [strip, benchmark, evaluate]}
+  folded: {from: base, stages: [strip, fold, benchmark, evaluate]}
+  litert: {from: folded, stages: [{convert_tflite: {mode: dynamic_range}}, evaluate]}
+"""
+PIPELINES = ["base", "stripped", "folded", "litert"]
+# a child starts from its parent's model after this stage (before its measuring stages)
+BRANCHES = {"stripped": ("base", "transform"), "folded": ("base", "transform"),
+            "litert": ("folded", "fold")}
 
 
 @pytest.fixture(scope="module")
 def dask_runs(digits_example: Path, prefect_server: None,
               tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """recipes/digits.yaml run locally, then on Dask with every stage computed again."""
+    """One store, three runs of RECIPE: the flow as a deployment's worker or `orchestrator
+    serve` calls it (its task runner Prefect's default, the recipe's `execution: dask` must
+    still fan out: worker processes), then `orchestrator run --executor local` (the command
+    line wins over the recipe), then the LocalCluster's workers as threads of this process."""
+    from pipelines.recipe_flow import recipe_flow
+
     work = tmp_path_factory.mktemp("dask")
-    recipe = work / "recipes" / "digits.yaml"
+    recipe = work / "recipes" / "dask.yaml"
     recipe.parent.mkdir()
-    recipe.write_text((ROOT / "recipes" / "digits.yaml").read_text() + EXECUTION)
+    recipe.write_text(RECIPE)
     (work / "examples").symlink_to(ROOT / "examples")
-    env = {"ORCHESTRATOR_HOME": str(work / ".orchestrator"),
+    store = work / ".orchestrator"
+    env = {"ORCHESTRATOR_HOME": str(store),
            "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}"}
     with in_project(work, env):
-        local = main(["run", str(recipe), "-o", str(work / "local")])
-        # the command line wins over the recipe's `executor: local`
-        dask = main(["run", str(recipe), "-o", str(work / "dask"), "--no-cache",
-                     "--executor", "dask"])
-        bad = main(["run", str(recipe), "-o", str(work / "bad"), "--executor", "dask",
-                    "--dask-address", "tcp://127.0.0.1:1"])
+        flow_report = recipe_flow(str(recipe), variants=PIPELINES, no_cache=True,
+                                  output=str(work / "dask"))
+        scratch_after_flow = list(store.glob("scratch/*"))
+        codes = [main(["run", str(recipe), "-o", str(work / "local"), "--executor", "local"]),
+                 main(["run", str(recipe), "-o", str(work / "threads"), "--executor", "dask",
+                       "--set", "execution.processes=false"])]
     reports = {name: json.loads((work / name / "report.json").read_text())
-               for name in ("local", "dask")}
-    return {"work": work, "codes": (local, dask, bad), "reports": reports}
+               for name in ("dask", "local", "threads")}
+    return {"work": work, "store": store, "codes": codes, "reports": reports,
+            "flow_report": flow_report, "scratch_after_flow": scratch_after_flow}
 
 
 def intervals(report: dict) -> dict[str, list[tuple[float, float]]]:
@@ -53,21 +88,31 @@ def intervals(report: dict) -> dict[str, list[tuple[float, float]]]:
             for name, variant in report["variants"].items()}
 
 
-def test_pipelines_overlap_on_dask(dask_runs: dict) -> None:
-    assert dask_runs["codes"][:2] == (0, 0)
-    spans = intervals(dask_runs["reports"]["dask"])
+def overlapping(spans: dict[str, list[tuple[float, float]]]) -> set[tuple[str, str]]:
+    return {(a, b) for a, b in combinations(spans, 2)
+            if any(s1 < e2 and s2 < e1 for s1, e1 in spans[a] for s2, e2 in spans[b])}
+
+
+def test_a_flow_prefect_starts_follows_the_recipes_execution_block(dask_runs: dict) -> None:
+    """A deployment's worker, or `orchestrator serve`, calls the flow itself: the recipe's
+    `execution: dask` fans its pipelines out."""
+    report = dask_runs["flow_report"]
+    spans = intervals(report)
+    assert json.loads((dask_runs["work"] / "dask" / "report.json").read_text())[
+        "variants"].keys() == spans.keys()
+    assert set(spans) == set(PIPELINES)
     assert all(start <= end for stages in spans.values() for start, end in stages)
-    overlapping = {(a, b) for a, b in combinations(spans, 2)
-                   if any(s1 < e2 and s2 < e1 for s1, e1 in spans[a] for s2, e2 in spans[b])}
-    assert overlapping, f"no two pipelines ran a stage at the same time: {spans}"
+    assert overlapping(spans), f"no two pipelines ran a stage at the same time: {spans}"
     # parents still come first: a from: child starts after its parent's last transform
-    fp32 = dict(zip([s["name"] for s in dask_runs["reports"]["dask"]["variants"]["fp32"][
-        "stages"]], spans["fp32"], strict=True))
-    for child in ("int8", "litert_int8", "litert_dynamic"):
-        assert spans[child][0][0] >= fp32["fold"][1], child
+    for child, (parent, stage) in BRANCHES.items():
+        ends = dict(zip([s["name"] for s in report["variants"][parent]["stages"]],
+                        [end for _, end in spans[parent]], strict=True))
+        assert spans[child][0][0] >= ends[stage], child
+    assert not dask_runs["scratch_after_flow"]  # the run's scratch: gone
 
 
 def test_local_run_is_sequential(dask_runs: dict) -> None:
+    assert dask_runs["codes"][0] == 0
     stages = sorted(span for spans in intervals(dask_runs["reports"]["local"]).values()
                     for span in spans)
     assert all(e1 <= s2 for (_, e1), (s2, _) in zip(stages, stages[1:], strict=False))
@@ -77,21 +122,36 @@ def test_same_report_as_local(dask_runs: dict) -> None:
     work, reports = dask_runs["work"], dask_runs["reports"]
     assert not any(s["cached"] for v in reports["dask"]["variants"].values()
                    for s in v["stages"])  # --no-cache: every stage ran on a worker
-    assert comparable_report(reports["dask"], work / "dask") == comparable_report(
-        reports["local"], work / "local")
-    for name in reports["local"]["variants"]:
-        artifact = reports["local"]["variants"][name]["artifact"]
-        assert (work / "dask" / artifact).read_bytes() == (work / "local" / artifact
-                                                           ).read_bytes() or name == "mobile"
+    assert dask_runs["codes"] == [0, 0]
+    for run in ("dask", "threads"):
+        assert comparable_report(reports[run], work / run) == comparable_report(
+            reports["local"], work / "local"), run
+        for name, variant in reports["local"]["variants"].items():
+            artifact = variant["artifact"]
+            assert (work / run / artifact).read_bytes() == (
+                work / "local" / artifact).read_bytes(), (run, name)
 
 
-def test_unreachable_scheduler_writes_nothing(dask_runs: dict) -> None:
-    assert dask_runs["codes"][2] == 2
-    assert not (dask_runs["work"] / "bad").exists()  # nothing written
+def test_skipped_stage_model_reaches_other_workers(dask_runs: dict) -> None:
+    """ignore_errors passes its input on outside the cache: on Dask through the run's
+    scratch store, so the children on the other worker read it; none of it is cached, and
+    the scratch store is gone after the run."""
+    work, reports = dask_runs["work"], dask_runs["reports"]
+    for name in ("base", "stripped", "folded"):
+        for run in ("dask", "threads"):
+            assert (work / run / name / "model.pb").read_bytes() == (
+                work / "local" / name / "model.pb").read_bytes(), (run, name)
+    # the local run, after the Dask one in the same store: freeze was cached, and everything
+    # after the skipped stage was computed again
+    local = reports["local"]["variants"]
+    assert [s["cached"] for s in local["base"]["stages"]] == [True, False]
+    assert [s["cached"] for s in local["folded"]["stages"]] == [False] * 4
+    assert "ignore_errors" in local["base"]["stages"][1]["warnings"][0]
+    assert not any((dask_runs["store"] / "scratch").iterdir())
 
 
-def test_unreachable_scheduler_message(digits_example: Path, tmp_path: Path,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_unreachable_scheduler_exits_2_and_writes_nothing(
+        digits_example: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     recipe = tmp_path / "recipes" / "digits.yaml"
     recipe.parent.mkdir()
     shutil.copy(ROOT / "recipes" / "digits.yaml", recipe)
@@ -105,54 +165,7 @@ def test_unreachable_scheduler_message(digits_example: Path, tmp_path: Path,
     assert code == 2
     assert "tcp://127.0.0.1:1" in err and "no Dask scheduler" in err
     assert "Traceback" not in err
-    assert not (tmp_path / "out").exists()
-
-
-SKIPPING = """version: 1
-name: skipping
-model: {path: ../examples/digits/saved_model}
-data: {evaluation: {source: ../examples/digits/data.npz, inputs: x_test, labels: y_test}}
-execution: {executor: dask, workers: 2, threads_per_worker: 1}
-pipelines:
-  base:
-    stages: [freeze, {transform: {transforms: no_such_transform, ignore_errors: true}}]
-  stripped: {from: base, stages: [strip, evaluate]}
-  folded: {from: base, stages: [strip, fold, evaluate]}
-"""
-
-
-def test_skipped_stage_model_reaches_other_workers(digits_example: Path, prefect_server: None,
-                                                   tmp_path: Path) -> None:
-    """ignore_errors passes its input on outside the cache: on Dask through the run's
-    scratch store, so the children on the other worker read it; none of it is cached, and
-    the scratch store is gone after the run."""
-    recipe = tmp_path / "recipes" / "skipping.yaml"
-    recipe.parent.mkdir()
-    recipe.write_text(SKIPPING)
-    (tmp_path / "examples").symlink_to(ROOT / "examples")
-    store = tmp_path / ".orchestrator"
-    env = {"ORCHESTRATOR_HOME": str(store),
-           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    runs = {"dask": ["--executor", "dask"], "local": ["--executor", "local"],
-            # the LocalCluster's workers as threads of this process
-            "threads": ["--executor", "dask", "--set", "execution.processes=false"]}
-    with in_project(tmp_path, env):
-        codes = [main(["run", str(recipe), "-o", str(tmp_path / name), *args])
-                 for name, args in runs.items()]
-    assert codes == [0, 0, 0]
-    reports = {name: json.loads((tmp_path / name / "report.json").read_text())
-               for name in runs}
-    for name in ("base", "stripped", "folded"):
-        for run in ("dask", "threads"):
-            assert (tmp_path / run / name / "model.pb").read_bytes() == (
-                tmp_path / "local" / name / "model.pb").read_bytes(), (run, name)
-    # the local run computed everything again: nothing after the skipped stage was cached
-    assert [s["cached"] for s in reports["local"]["variants"]["folded"]["stages"]] == [
-        False, False, False]
-    for run in ("dask", "threads"):
-        assert comparable_report(reports[run], tmp_path / run) == comparable_report(
-            reports["local"], tmp_path / "local")
-    assert not any((store / "scratch").iterdir())
+    assert not (tmp_path / "out").exists()  # nothing written
 
 
 FAILING = """version: 1
@@ -183,29 +196,3 @@ def test_failing_stage_on_a_worker_exits_3_naming_it(
     assert "Traceback" not in err
     assert not (tmp_path / "out").exists()  # outputs discarded
     assert not list((tmp_path / ".orchestrator" / "cache").rglob("*.tmp"))
-
-
-def test_a_flow_prefect_starts_follows_the_recipes_execution_block(
-        digits_example: Path, prefect_server: None, tmp_path: Path) -> None:
-    """A deployment's worker, or `orchestrator serve`, calls the flow itself, whose task
-    runner is Prefect's default: the recipe's `execution: dask` must still fan out."""
-    from pipelines.recipe_flow import recipe_flow
-
-    recipe = tmp_path / "recipes" / "digits.yaml"
-    recipe.parent.mkdir()
-    recipe.write_text((ROOT / "recipes" / "digits.yaml").read_text() +
-                      "execution: {executor: dask, workers: 2, threads_per_worker: 1}\n")
-    (tmp_path / "examples").symlink_to(ROOT / "examples")
-    env = {"ORCHESTRATOR_HOME": str(tmp_path / ".orchestrator"),
-           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    with in_project(tmp_path, env):
-        report = recipe_flow(str(recipe), variants=["fp32", "int8", "litert_int8"],
-                             output=str(tmp_path / "out"))
-    spans = intervals(report)
-    assert set(spans) == {"fp32", "int8", "litert_int8"}
-    overlapping = [(a, b) for a, b in combinations(spans, 2)
-                   if any(s1 < e2 and s2 < e1 for s1, e1 in spans[a] for s2, e2 in spans[b])]
-    assert overlapping, f"no two pipelines ran a stage at the same time: {spans}"
-    assert json.loads((tmp_path / "out" / "report.json").read_text())["variants"].keys() == \
-        spans.keys()
-    assert not list((tmp_path / ".orchestrator").glob("scratch/*"))  # the run's scratch: gone
