@@ -33,7 +33,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 import numpy as np  # noqa: E402
-from model_builds import deterministic  # noqa: E402  (tests/e2e, on sys.path)
+from model_builds import deterministic, fit  # noqa: E402  (tests/e2e, on sys.path)
 
 SEED = 1707
 RATE = 8000
@@ -115,7 +115,7 @@ def make(out: Path, epochs: int = 12, train: int = 2400) -> dict[str, float]:
     model = build_model()
     model.compile(optimizer=keras.optimizers.Adam(3e-3),
                   loss={name: "binary_crossentropy" for name in OUTPUT_NAMES})
-    model.fit(x_train, y_train, epochs=epochs, batch_size=64, verbose=0)
+    fit(model, x_train, y_train, epochs=epochs, batch_size=64, verbose=0)
     predicted = dict(zip(OUTPUT_NAMES, model.predict(x_test, verbose=0), strict=True))
     out.mkdir(parents=True, exist_ok=True)
     model.save(out / "model.keras")

@@ -19,7 +19,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 import numpy as np  # noqa: E402
-from model_builds import deterministic  # noqa: E402  (tests/e2e, on sys.path)
+from model_builds import deterministic, fit  # noqa: E402  (tests/e2e, on sys.path)
 
 SEED = 4321
 LENGTH = 256  # samples per signal
@@ -85,7 +85,7 @@ def make(out: Path, epochs: int = 8, train: int = 2000) -> dict[str, float]:
     model = build_model()
     model.compile(optimizer=keras.optimizers.Adam(3e-3),
                   loss={"tones": "binary_crossentropy", "burst": "binary_crossentropy"})
-    model.fit(x_train, {"tones": tones_train, "burst": burst_train}, epochs=epochs,
+    fit(model, x_train, {"tones": tones_train, "burst": burst_train}, epochs=epochs,
               batch_size=64, verbose=0)
     tones_pred, burst_pred = model.predict(x_test, verbose=0)
     out.mkdir(parents=True, exist_ok=True)

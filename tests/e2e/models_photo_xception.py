@@ -27,7 +27,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 import numpy as np  # noqa: E402
-from model_builds import deterministic  # noqa: E402  (tests/e2e, on sys.path)
+from model_builds import deterministic, fit  # noqa: E402  (tests/e2e, on sys.path)
 
 SEED = 2017
 SIZE = 64
@@ -120,7 +120,7 @@ def make(out: Path, epochs: int = EPOCHS) -> dict[str, float]:
     model = build_model()
     model.compile(optimizer=keras.optimizers.Adam(3e-3),
                   loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    model.fit(x_train, y_train, epochs=epochs, batch_size=32, shuffle=True, verbose=0)
+    fit(model, x_train, y_train, epochs=epochs, batch_size=32, shuffle=True, verbose=0)
     _, accuracy = model.evaluate(x_test, y_test, verbose=0)
     out.mkdir(parents=True, exist_ok=True)
     model.save(out / "model.keras")

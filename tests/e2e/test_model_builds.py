@@ -39,6 +39,22 @@ def test_two_fresh_processes_train_the_same_weights(two_builds: list[tuple[Path,
     assert model_builds.weights_digest(first / "model.keras") == facts1["weights_sha256"]
 
 
+def test_committed_weights_give_the_trained_model(two_builds: list[tuple[Path, dict]],
+                                                 tmp_path: Path) -> None:
+    """What the suite's builds rely on (model_builds.fit): weights committed by a recording
+    build, loaded by the next one, make the model training made, bit for bit."""
+    (_, trained), _ = two_builds
+    recorded = model_builds.build("models_conv1d", tmp_path / "record", timeout=300,
+                                  record=True, trained=tmp_path / "weights", **SHORT)
+    assert len(list((tmp_path / "weights").glob("*.weights.h5"))) == 1
+    loaded = model_builds.build("models_conv1d", tmp_path / "load", timeout=300,
+                                trained=tmp_path / "weights", **SHORT)
+    assert (recorded["weights"], loaded["weights"]) == ("trained", "committed")
+    for facts in (recorded, loaded):
+        assert {k: v for k, v in facts.items() if k != "weights"} == \
+            {k: v for k, v in trained.items() if k != "weights"}
+
+
 def test_the_digest_sees_a_weight_not_the_zip(two_builds: list[tuple[Path, dict]],
                                               tmp_path: Path) -> None:
     import h5py
