@@ -4,8 +4,9 @@ Prefect's migrations need), a Prefect server and an MLflow tracking server on it
 S3 server (tests/s3_server.py) for MLflow's artifacts and the orchestrator store.
 
 Each server can be stopped, killed (`kill -9` of its process group) and started again on
-the same port, for the fault tests. `scale_out_stack` starts them all; where one cannot
-start, the `stack` fixture skips with the exact reason (and the server's log tail).
+the same port, for the fault tests. `scale_out_stack` starts them all; the `stack` fixture
+starts them once per test process (shared by the modules it runs) and, where one cannot
+start, skips with the exact reason (and the server's log tail).
 """
 
 from __future__ import annotations
@@ -335,19 +336,49 @@ def scale_out_stack(base: Path) -> Iterator[Stack]:
         yield Stack(base, postgres, s3, prefect, mlflow, time.monotonic() - started)
 
 
-@pytest.fixture(scope="module")
+class _Shared:
+    """The stack of this test process (an xdist worker runs whole files, so it is shared by
+    the modules of the files it runs), or why it could not start; stopped when the last
+    module's fixture lets go of it, at the end of the session. pytest makes one fixture per
+    module that imports `stack`, hence the holder here, outside pytest's caching."""
+
+    exits: ExitStack | None = None
+    found: Stack | None = None
+    cannot: str | None = None
+    users = 0
+
+
+@pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """The servers, for a test module; skipped, with the reason, where one cannot start."""
-    base = tmp_path_factory.mktemp("servers")
-    with ExitStack() as exits:
+    """The servers, started once per test process and shared by the modules that use them
+    (the fault tests restart what they kill); skipped, with the reason, where one cannot
+    start. Each module reads back only its own runs (its recipe's name, its store prefix,
+    the flow runs it made)."""
+    if _Shared.found is None and _Shared.cannot is None:
+        exits = ExitStack()
         try:
-            found = exits.enter_context(scale_out_stack(base))
+            _Shared.found = exits.enter_context(
+                scale_out_stack(tmp_path_factory.mktemp("servers")))
+            _Shared.exits = exits
         except ServerStartError as exc:
-            pytest.skip(f"cannot start the scale-out servers: {exc}")
-        print(f"servers up in {found.seconds_to_start:.1f} s: Prefect {found.prefect.url}, "
-              f"MLflow {found.mlflow.url}, S3 {found.s3.endpoint}, PostgreSQL "
-              f"127.0.0.1:{found.postgres.port}")
-        yield found
+            exits.close()
+            _Shared.cannot = str(exc)
+        else:
+            found = _Shared.found
+            print(f"servers up in {found.seconds_to_start:.1f} s: Prefect {found.prefect.url}, "
+                  f"MLflow {found.mlflow.url}, S3 {found.s3.endpoint}, PostgreSQL "
+                  f"127.0.0.1:{found.postgres.port}")
+    if _Shared.cannot is not None:
+        pytest.skip(f"cannot start the scale-out servers: {_Shared.cannot}")
+    assert _Shared.found is not None
+    _Shared.users += 1
+    try:
+        yield _Shared.found
+    finally:
+        _Shared.users -= 1
+        if _Shared.users == 0 and _Shared.exits is not None:
+            exits, _Shared.exits, _Shared.found = _Shared.exits, None, None
+            exits.close()
 
 
 # ---- a project that runs against the stack ---------------------------------------------

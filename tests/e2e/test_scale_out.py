@@ -3,7 +3,11 @@ server on it, artifacts and the orchestrator store in an S3 bucket (moto), all o
 The digits recipe runs on a Dask LocalCluster of 2 workers against them; then the flow run
 is read back from Prefect's API, the runs, params, metrics and artifacts from MLflow's (and
 the artifacts from the bucket), and the store's entries from the bucket, each verified
-against its manifest. The figures docs/scale-out.md quotes are printed (run with -s)."""
+against its manifest. The figures docs/scale-out.md quotes are printed (run with -s).
+
+The servers are shared by the test files one test process runs (tests/servers.py): what is
+read back is this run's (its flow run, its MLflow runs, its store prefix), and the database
+figures are the rows this run added."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import json
 import time
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import pytest
 from s3_entries import all_entries_verify
@@ -27,11 +32,25 @@ from servers import (
 pytestmark = [pytest.mark.servers, pytest.mark.slow]
 
 
+MLFLOW_TABLES = ("runs", "params", "metrics", "latest_metrics", "tags")
+PREFECT_TABLES = ("flow_run", "task_run", "task_run_state", "log", "events")
+
+
+def row_counts(stack: Stack) -> dict[str, dict[str, int]]:  # noqa: F811
+    """database -> table -> rows, for the tables whose growth docs/scale-out.md quotes."""
+    return {db: {table: stack.postgres.query(db, f"SELECT count(*) FROM {table}")[0][0]
+                 for table in tables}
+            for db, tables in (("mlflow", MLFLOW_TABLES), ("prefect", PREFECT_TABLES))}
+
+
 @pytest.fixture(scope="module")
 def scaled(stack: Stack, digits_example: Path,  # noqa: F811
            tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     project = make_project(tmp_path_factory.mktemp("scale-out"))
     env = run_env(stack, project)
+    rows_before = row_counts(stack)
+    flow_runs_before = {row[0] for row in stack.postgres.query("prefect",
+                                                               "SELECT id FROM flow_run")}
     started = time.monotonic()
     done = orchestrator(project, env, "run", "recipes/digits.yaml", "-o", "out",
                         "--executor", "dask")
@@ -40,7 +59,9 @@ def scaled(stack: Stack, digits_example: Path,  # noqa: F811
           f"{seconds:.1f} s (servers up in {stack.seconds_to_start:.1f} s)")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     report = json.loads((project / "out" / "report.json").read_text())
-    return {"project": project, "report": report, "done": done, "seconds": seconds}
+    flow_runs = {row[0] for row in stack.postgres.query("prefect", "SELECT id FROM flow_run")}
+    return {"project": project, "report": report, "done": done, "seconds": seconds,
+            "rows_before": rows_before, "new_flow_runs": flow_runs - flow_runs_before}
 
 
 def stage_names(report: dict[str, Any]) -> set[str]:
@@ -54,9 +75,10 @@ def test_the_flow_run_and_its_task_runs_are_in_prefect(stack: Stack,  # noqa: F8
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
+    [flow_run_id] = scaled["new_flow_runs"]  # the run made one flow run
     with temporary_settings(updates={PREFECT_API_URL: stack.prefect_api_url}), \
             get_client(sync_client=True) as client:
-        [flow_run] = client.read_flow_runs()
+        flow_run = client.read_flow_run(UUID(str(flow_run_id)))
         task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(
             id=FlowRunFilterId(any_=[flow_run.id])))
     assert flow_run.state is not None and flow_run.state.is_completed(), flow_run.state
@@ -133,16 +155,19 @@ def test_the_store_entries_are_in_the_bucket_and_verify(stack: Stack,  # noqa: F
 
 def test_postgresql_holds_both_servers_records(stack: Stack,  # noqa: F811
                                                scaled: dict[str, Any]) -> None:
-    """What one run costs each database (the figures docs/scale-out.md quotes)."""
-    mlflow_rows = {table: stack.postgres.query("mlflow", f"SELECT count(*) FROM {table}")[0][0]
-                   for table in ("runs", "params", "metrics", "latest_metrics", "tags")}
-    prefect_rows = {table: stack.postgres.query("prefect", f"SELECT count(*) FROM {table}")[0][0]
-                    for table in ("flow_run", "task_run", "task_run_state", "log",
-                                  "events")}
+    """What one run costs each database (the figures docs/scale-out.md quotes): the rows
+    it added."""
+    after = row_counts(stack)
+    added = {db: {table: rows - scaled["rows_before"][db][table]
+                  for table, rows in tables.items()} for db, tables in after.items()}
+    mlflow_rows, prefect_rows = added["mlflow"], added["prefect"]
     sizes = {db: stack.postgres.query("postgres", f"SELECT pg_database_size('{db}')")[0][0]
              for db in ("mlflow", "prefect")}
-    print(f"PostgreSQL rows after the run: mlflow {mlflow_rows}; prefect {prefect_rows}; "
+    print(f"PostgreSQL rows the run added: mlflow {mlflow_rows}; prefect {prefect_rows}; "
           f"database bytes {sizes}")
     assert mlflow_rows["runs"] == 1 + len(scaled["report"]["variants"])
     assert prefect_rows["flow_run"] == 1
-    assert prefect_rows["task_run"] >= len(stage_names(scaled["report"]))
+    [flow_run_id] = scaled["new_flow_runs"]
+    task_runs = stack.postgres.query("prefect", "SELECT count(*) FROM task_run WHERE "
+                                     f"flow_run_id = '{flow_run_id}'")[0][0]
+    assert task_runs >= len(stage_names(scaled["report"]))
