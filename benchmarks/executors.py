@@ -23,7 +23,8 @@ one before: what Prefect's task bookkeeping plus the task runner add to every st
     .venv/bin/python benchmarks/executors.py [--quick] [--trivial N] [--repeat N]
         [--only digits|digits_variants]
 
---quick: only the overhead, on a chain of 3 trivial stages, local and dask (about 1 min).
+--quick: only the overhead, on a chain of 3 trivial stages, local and dask-threads (the
+dask code path without a cluster's worker processes), the two runs on one MLflow database.
 """
 
 from __future__ import annotations
@@ -75,11 +76,15 @@ def project(work: Path, quick: bool, trivial: int) -> dict[str, Path]:
 
 
 def run(recipe: Path, work: Path, executor: str, env: dict[str, str],
-        extra: list[str], suffix: str = "") -> tuple[float, dict]:
-    """One fresh run on `executor` (a key of EXECUTORS): its wall time and report."""
+        extra: list[str], suffix: str = "", shared_tracking: bool = False
+        ) -> tuple[float, dict]:
+    """One fresh run on `executor` (a key of EXECUTORS): its wall time and report.
+    `shared_tracking`: on `work`'s one MLflow database (else one of its own, created by the
+    run)."""
     label = f"{recipe.stem}-{executor}{suffix}"
+    tracking = work / "mlflow.db" if shared_tracking else work / label / "mlflow.db"
     run_env = {**env, "ORCHESTRATOR_HOME": str(work / label / "store"),
-               "MLFLOW_TRACKING_URI": f"sqlite:///{work / label / 'mlflow.db'}"}
+               "MLFLOW_TRACKING_URI": f"sqlite:///{tracking}"}
     (work / label).mkdir()
     started = time.perf_counter()
     proc = subprocess.run([str(Path(sys.executable).parent / "orchestrator"), "run",
@@ -153,7 +158,7 @@ def median(values: list[float]) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="only the overhead: 3 trivial stages, local and dask")
+                        help="only the overhead: 3 trivial stages, local and dask-threads")
     parser.add_argument("--trivial", type=int, default=None,
                         help="trivial stages in the overhead chain (default 20; quick 3)")
     parser.add_argument("--repeat", type=int, default=None,
@@ -208,8 +213,9 @@ def main(argv: list[str] | None = None) -> int:
             floor = median([(r["wall"] - r["span"] / 2) / r["wall"] for r in local])
             notes.append(f"{name}: best possible ratio on 2 cores, if only the stages ran "
                          f"2x faster and nothing else changed: {floor:.2f}")
-        for executor in ("local", "dask") if args.quick else EXECUTORS:
-            seconds, report = run(recipes["trivial"], work, executor, env, [])
+        for executor in ("local", "dask-threads") if args.quick else EXECUTORS:
+            seconds, report = run(recipes["trivial"], work, executor, env, [],
+                                  shared_tracking=args.quick)
             rows.append((f"trivial x{trivial}", executor, 1, seconds, None, None, None,
                          None, task_gap_ms(report)))
     load_after = os.getloadavg()

@@ -32,11 +32,6 @@ from orchestrator.flow.local_server import (
 ROOT = Path(__file__).resolve().parents[1]
 
 
-
-
-
-
-
 @pytest.fixture
 def home(tmp_path: Path) -> Iterator[Path]:
     folder = tmp_path / ".orchestrator"
@@ -182,8 +177,14 @@ def test_cli_reuses_the_server_and_per_run_mode_leaves_none(
         digits_example: Path, tmp_path: Path) -> None:
     """Two real `orchestrator run`s with no PREFECT_API_URL: the second attaches to the
     server the first started and is all cache hits; with IDLE_S=0 no server outlives the
-    run."""
-    recipe = ROOT / "recipes" / "digits.yaml"
+    run. The server's lifetime is under test, not the stages: a recipe of two pipelines
+    of cheap stages (the digits SavedModel through freeze, strip and fold)."""
+    recipe = tmp_path / "recipes" / "small.yaml"
+    recipe.parent.mkdir()
+    saved_model = digits_example / "saved_model"
+    recipe.write_text(f"version: 1\nname: small\nmodel: {{path: {saved_model}}}\n"
+                      "pipelines:\n  fp32: {stages: [freeze, strip]}\n"
+                      "  folded: {from: fp32, stages: [fold]}\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env.update(ORCHESTRATOR_HOME=str(tmp_path / ".orchestrator"),
                MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}",

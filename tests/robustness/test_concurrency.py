@@ -5,7 +5,11 @@ with the same report apart from per-run fields (timings, measured memory, run id
 stages came from the cache), and leave a consistent store.
 
 The runs share the session's Prefect server (PREFECT_API_URL): the race under test is the
-store's and MLflow's; tests/test_prefect_server.py covers runs sharing a local server."""
+store's and MLflow's; tests/test_prefect_server.py covers runs sharing a local server.
+The recipe is small (the stages are not under test, the first writes to an empty store
+and an empty MLflow database are): two pipelines, one an 8-bit lineage from the other,
+an evaluation, so that the four runs race for shared cache entries, metrics and the
+report's pictures."""
 
 from __future__ import annotations
 
@@ -15,14 +19,15 @@ from pathlib import Path
 
 import pytest
 from robust_helpers import (
-    RECIPES,
     RUN_TIMEOUT_S,
     base_env,
     comparable_report,
     output_is_whole_or_absent,
     partial_cache_entries,
+    small_recipe,
     start_cli,
     wait_all,
+    write_yaml,
 )
 
 pytestmark = pytest.mark.slow
@@ -36,7 +41,11 @@ def test_four_cold_starts_at_once(digits_example: Path, tmp_path: Path,
     mlruns.mkdir()
     assert not home.exists() and not any(mlruns.iterdir())
     env = base_env(home, f"sqlite:///{mlruns / 'mlflow.db'}", prefect_api_url)
-    runs = [start_cli(["run", RECIPES / "digits.yaml", "-o", tmp_path / f"out{i}"], env,
+    data = small_recipe("cold-starts", stages=["freeze", "strip", "fold", "evaluate"],
+                        evaluation=True)
+    data["pipelines"]["int8"] = {"from": "fp32", "stages": ["quantize_weights", "evaluate"]}
+    recipe = write_yaml(tmp_path / "recipes" / "cold.yaml", data)
+    runs = [start_cli(["run", recipe, "-o", tmp_path / f"out{i}"], env,
                       tmp_path, tmp_path / f"logs{i}") for i in range(RUNS)]
     codes = wait_all(runs, RUN_TIMEOUT_S * 2)
     for i, (run, code) in enumerate(zip(runs, codes, strict=True)):

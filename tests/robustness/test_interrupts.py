@@ -5,7 +5,12 @@ variant folder it lists) or nothing of this run, the cache holds no partial entr
 process of the run is left behind, and a re-run afterwards succeeds.
 
 The phase is found by watching the run: the tracking worker it starts before loading the
-model, cache entries appearing, the output folder appearing."""
+model, cache entries appearing, the output folder appearing.
+
+The recipe is recipes/digits.yaml cut to what the interrupts need (they are about a run's
+phases, not its stages): a float pipeline and an 8-bit one from it (quantize_weights, the
+stages after it, a default compact_names), a benchmark in each (its load probe starts as the
+model loads) and an evaluation; no guard search, no LiteRT conversion."""
 
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ import pytest
 from robust_helpers import (
     _NOISE,
     _PROGRESS,
-    RECIPES,
+    DIGITS,
     RUN_TIMEOUT_S,
     Started,
     cache_entries,
@@ -31,13 +36,33 @@ from robust_helpers import (
     session_processes,
     start_cli,
     wait_for,
+    write_yaml,
 )
 
 from orchestrator.cache.project import STORE_ENV
 
 pytestmark = pytest.mark.slow
 
-RECIPE = RECIPES / "digits.yaml"  # every pipeline kind the project ships
+# a benchmark of a few runs, one thread, no profile; memory on (the load probe runs)
+BENCHMARK = {"benchmark": {"warmup": 1, "runs": 5, "threads": 1, "profile_runs": 0}}
+
+
+def recipe(tmp_path: Path) -> Path:
+    """The digits model through fp32 and int8 pipelines (module docstring), in tmp_path."""
+    path = tmp_path / "recipes" / "interrupts.yaml"
+    if path.is_file():
+        return path
+    data = str(DIGITS / "data.npz")
+    return write_yaml(path, {
+        "version": 1, "name": "interrupts", "model": {"path": str(DIGITS / "saved_model")},
+        "data": {"representative": {"source": data, "array": "x_calib", "samples": 100},
+                 "evaluation": {"source": data, "inputs": "x_test", "labels": "y_test"}},
+        "pipelines": {
+            "fp32": {"stages": ["freeze", "strip", "fold", BENCHMARK]},
+            "int8": {"from": "fp32",
+                     "stages": ["quantize_weights", "quantize_nodes",
+                                {"log_ranges": {"samples": 100}}, "freeze_ranges", BENCHMARK,
+                                "evaluate"]}}})
 
 
 def interrupt_when(condition: Callable[[Started], bool], tmp_path: Path, env: dict[str, str],
@@ -46,7 +71,8 @@ def interrupt_when(condition: Callable[[Started], bool], tmp_path: Path, env: di
     """Start a run; once `condition` holds (and `delay_s` more), SIGINT its process group
     (and, with `again_s`, once more that much later: a double Ctrl-C). Returns (exit
     code, stderr, whether the signal was sent while it ran)."""
-    run = start_cli(["run", RECIPE, "-o", tmp_path / "out"], env, tmp_path, tmp_path / name)
+    run = start_cli(["run", recipe(tmp_path), "-o", tmp_path / "out"], env, tmp_path,
+                    tmp_path / name)
     sent = False
     try:
         seen = wait_for(lambda: condition(run) or run.process.poll() is not None,
@@ -89,7 +115,8 @@ def check_after_interrupt(code: int | None, err: str, sent: bool, tmp_path: Path
 
 
 def rerun_succeeds(tmp_path: Path, env: dict[str, str]) -> None:
-    run = start_cli(["run", RECIPE, "-o", tmp_path / "out"], env, tmp_path, tmp_path / "rerun")
+    run = start_cli(["run", recipe(tmp_path), "-o", tmp_path / "out"], env, tmp_path,
+                    tmp_path / "rerun")
     try:
         code = run.process.wait(timeout=RUN_TIMEOUT_S)
     finally:

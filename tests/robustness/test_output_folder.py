@@ -4,8 +4,11 @@ files, is exit 2 before anything is written (the error names the folder and both
 recipes, and `--force`); a run replaces the folder's contents whole, a `--variant` run
 too; `history` writes its chart into the folder the recipe's run writes by default.
 
-Real `orchestrator` subprocesses; the runs use the session's Prefect server and a small
-recipe (the digits SavedModel through `freeze`)."""
+Real `orchestrator` commands: subprocesses where what is under test happens before a run
+starts (and a first run, whose printed hint names the console command), the later runs of a
+test in this process (`cli.main`: the same command, without a fresh process's imports); the
+runs use the session's Prefect server and a small recipe (the digits SavedModel through
+`freeze`)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import pytest
 from robust_helpers import (
     RUN_TIMEOUT_S,
     check_clean_error,
+    cli_in_process,
     cli_subprocess,
     output_is_whole_or_absent,
     small_recipe,
@@ -83,12 +87,16 @@ def test_another_recipes_folder_is_refused_before_anything_is_written(
     assert sorted(p.name for p in project.iterdir()) == ["pyproject.toml", "recipes"]
 
 
-def test_a_run_replaces_its_folder_whole(tmp_path: Path, run_env: dict[str, str]) -> None:
+def test_a_run_replaces_its_folder_whole(tmp_path: Path, run_env: dict[str, str],
+                                         monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
     """Without -o, `run` and `history` use the same folder (out/<recipe name> at the
     project root, whatever the working directory). Stale files of the same recipe's earlier
     runs go; a --variant run keeps only its own variants (report.json lists exactly what
     the folder holds); another recipe's run (or history) is refused, then with --force
-    replaces the folder, marker included."""
+    replaces the folder, marker included. The first run is a subprocess (the hint it prints
+    names the console command), the commands after it run in this process, in the same
+    working folder, store and MLflow database."""
     project = _project(tmp_path)
     mine = write_yaml(project / "recipes" / "mine.yaml", _two_pipelines("mine"))
     theirs = write_yaml(project / "recipes" / "theirs.yaml", small_recipe("theirs"))
@@ -96,12 +104,23 @@ def test_a_run_replaces_its_folder_whole(tmp_path: Path, run_env: dict[str, str]
     elsewhere.mkdir()
     out = project / "out" / "mine"
 
-    def run(*args: object) -> str:
-        done = cli_subprocess(args, run_env, elsewhere, timeout=RUN_TIMEOUT_S)
-        assert done.code == 0, done.err[-3000:]
-        return done.out
+    done = cli_subprocess(["run", mine], run_env, elsewhere, timeout=RUN_TIMEOUT_S)
+    assert done.code == 0, done.err[-3000:]
+    printed = done.out
+    monkeypatch.chdir(elsewhere)
+    for key in ("ORCHESTRATOR_HOME", "MLFLOW_TRACKING_URI", "ORCHESTRATOR_MODEL_KEY"):
+        monkeypatch.setenv(key, run_env[key])
 
-    printed = run("run", mine)
+    def command(*args: object) -> tuple[int, str, str]:
+        code, stdout, err = cli_in_process([str(a) for a in args], capsys)
+        assert "Traceback" not in err, err[-3000:]
+        return code, stdout, err
+
+    def run(*args: object) -> str:
+        code, stdout, err = command(*args)
+        assert code == 0, err[-3000:]
+        return stdout
+
     # the hint pasted as printed runs this project's command on this recipe
     dashboards = next(line for line in printed.splitlines() if line.startswith("Dashboards:"))
     words = shlex.split(dashboards.removeprefix("Dashboards:"))
@@ -116,8 +135,8 @@ def test_a_run_replaces_its_folder_whole(tmp_path: Path, run_env: dict[str, str]
     assert f"chart: {out / 'history.png'}" in run("history", mine)
     assert (out / "history.png").is_file()
     assert sorted(p.name for p in (project / "out").iterdir()) == ["mine"]
-    done = cli_subprocess(["history", theirs, "-o", out], run_env, elsewhere)
-    check_clean_error(done.code, done.err, out, "'mine'", "'theirs'", "--force")
+    code, _, err = command("history", theirs, "-o", out)
+    check_clean_error(code, err, out, "'mine'", "'theirs'", "--force")
 
     # stale files: what an earlier version or run left, in the folder and in a variant
     (out / "stale.png").write_bytes(b"old")
@@ -133,8 +152,8 @@ def test_a_run_replaces_its_folder_whole(tmp_path: Path, run_env: dict[str, str]
 
     # another recipe: refused, the folder as it was
     before = tree(out)
-    done = cli_subprocess(["run", theirs, "-o", out], run_env, elsewhere)
-    check_clean_error(done.code, done.err, out, "'mine'", "'theirs'", "--force")
+    code, _, err = command("run", theirs, "-o", out)
+    check_clean_error(code, err, out, "'mine'", "'theirs'", "--force")
     assert tree(out) == before
 
     run("run", theirs, "-o", out, "--force")
