@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from project_env import new_mlflow_database
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ROOT / "examples" / "digits"
@@ -58,13 +59,32 @@ def prefect_server() -> Iterator[None]:
         yield
 
 
+@pytest.fixture(scope="session")
+def mlflow_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty MLflow sqlite database with MLflow's tables made, once per session (xdist:
+    per worker): making them runs MLflow's ~50 migrations, seconds of CPU per database,
+    which every test's run would otherwise pay. MLflow's own code makes it, in a fresh
+    process (no MLflow import in the test process)."""
+    import subprocess
+
+    database = tmp_path_factory.mktemp("mlflow_template") / "mlflow.db"
+    code = ("import sys; from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore; "
+            "SqlAlchemyStore('sqlite:///' + sys.argv[1], sys.argv[2])")
+    done = subprocess.run([sys.executable, "-c", code, str(database),
+                           str(database.parent / "mlruns")],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return database
+
+
 @pytest.fixture
-def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A clean working folder with its own store and MLflow database."""
+def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mlflow_template: Path) -> Path:
+    """A clean working folder with its own store and MLflow database (empty: no run, no
+    experiment but MLflow's Default)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("ORCHESTRATOR_HOME", str(tmp_path / ".orchestrator"))
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
-    (tmp_path / "mlruns").mkdir()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI",
+                       new_mlflow_database(mlflow_template, tmp_path / "mlruns"))
     return tmp_path
 
 

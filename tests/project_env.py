@@ -1,8 +1,11 @@
-"""A module-scoped fixture's way to run commands in a project folder of its own."""
+"""A module-scoped fixture's way to run commands in a project folder of its own, and a new
+MLflow database for one."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import sqlite3
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,3 +27,17 @@ def in_project(work: Path, env: Mapping[str, str]) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def new_mlflow_database(template: Path, folder: Path) -> str:
+    """folder/mlflow.db, a copy of `template` (tests/conftest.py: mlflow_template) as MLflow
+    would have made it there, its Default experiment's artifacts in folder/0 (MLflow's
+    default, ./mlruns, for a project whose database is in its mlruns/); its tracking URI."""
+    folder.mkdir(parents=True, exist_ok=True)
+    database = folder / "mlflow.db"
+    shutil.copyfile(template, database)
+    with sqlite3.connect(database) as connection:
+        connection.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
+                           (str(folder.resolve() / "0"),))
+    connection.close()
+    return f"sqlite:///{database}"

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from project_env import new_mlflow_database
 from robust_helpers import (
     FUZZ_FAILURES,
     FUZZ_OUTCOMES,
@@ -46,12 +47,12 @@ def prefect_api_url(prefect_server: None) -> str:
 
 
 @pytest.fixture
-def run_env(tmp_path: Path, prefect_api_url: str) -> dict[str, str]:
+def run_env(tmp_path: Path, prefect_api_url: str, mlflow_template: Path) -> dict[str, str]:
     """Environment for an `orchestrator` subprocess: store in tmp_path/.orchestrator,
-    MLflow in tmp_path/mlruns, the session's Prefect server."""
-    (tmp_path / "mlruns").mkdir(exist_ok=True)
+    MLflow in tmp_path/mlruns (an empty database, its tables made), the session's Prefect
+    server."""
     return base_env(tmp_path / ".orchestrator",
-                    f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}", prefect_api_url)
+                    new_mlflow_database(mlflow_template, tmp_path / "mlruns"), prefect_api_url)
 
 
 @pytest.fixture
