@@ -3,15 +3,15 @@ real runs of the digits recipe (a change that breaks a limit, and one that does 
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from project_env import in_project
 
 from orchestrator.cli.main import main
 from orchestrator.errors import OrchestratorError
@@ -328,16 +328,18 @@ INT8_QUANTIZING = ("      - quantize_weights\n      - quantize_nodes: {guard: tr
                    "      - log_ranges: {samples: 200}\n"
                    "      - freeze_ranges: {min_percentile: 5, max_percentile: 5}\n")
 FP32_STAGES = "stages: [freeze, strip, fold, benchmark, evaluate]"
+GUARDED = "quantize_nodes: {guard: true}"
 REGISTERED = "digits-cnn"  # the recipe's name: the base run registers its selection so
 
 
 @pytest.fixture(scope="module")
 def digits_runs(digits_example: Path, prefect_server: None,
                 tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """recipes/digits.yaml run as a user would (`orchestrator run`, fp32 and int8), then two
-    changes of it: int8 without quantize_weights/quantize_nodes, and more benchmark runs."""
-    from prefect.settings import PREFECT_API_URL
-
+    """recipes/digits.yaml run as a user would (`orchestrator run`, fp32 and int8, in this
+    process: one store, so each change computes only the stages it changes), then two changes
+    of it: int8 without quantize_weights/quantize_nodes, and more benchmark runs. The int8
+    guard is off (the guard keeps the recipe's own trial on digits: the same model; the gate
+    reads reports, not how the guard found it)."""
     project = tmp_path_factory.mktemp("gate-project")
     (project / "pyproject.toml").write_text("")  # the project root of the recipes
     (project / "examples").symlink_to(ROOT / "examples")
@@ -345,28 +347,31 @@ def digits_runs(digits_example: Path, prefect_server: None,
     recipes.mkdir()
     original = (ROOT / "recipes" / "digits.yaml").read_text()
     assert INT8_QUANTIZING in original and FP32_STAGES in original
+    unguarded = original.replace(GUARDED, "quantize_nodes: {guard: false}")
+    assert unguarded != original
     changed = {
-        "base": original,
-        "unquantized": original.replace(INT8_QUANTIZING, ""),
-        "more_runs": original.replace(
+        "base": unguarded,
+        "unquantized": unguarded.replace(INT8_QUANTIZING.replace(GUARDED, "quantize_nodes: "
+                                                                 "{guard: false}"), ""),
+        "more_runs": unguarded.replace(
             FP32_STAGES, "stages: [freeze, strip, fold, {benchmark: {runs: 80}}, evaluate]"),
     }
-    env = {**os.environ, "ORCHESTRATOR_HOME": str(project / ".orchestrator"),
-           "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlruns' / 'mlflow.db'}",
-           # the session's Prefect server: no server of our own to start and stop
-           "PREFECT_API_URL": str(PREFECT_API_URL.value())}
+    assert len(set(changed.values())) == 3
+    env = {"ORCHESTRATOR_HOME": str(project / ".orchestrator"),
+           "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlruns' / 'mlflow.db'}"}
     (project / "mlruns").mkdir()
     codes = {}
-    for name, text in changed.items():
-        (recipes / f"{name}.yaml").write_text(text)
-        # the base run also registers its selection: the `registry:` baseline
-        register = ["--set", "register=true"] if name == "base" else []
-        done = subprocess.run(
-            [sys.executable, "-m", "orchestrator", "run", str(recipes / f"{name}.yaml"),
-             "-o", str(project / "out" / name), "--variant", "fp32", "--variant", "int8",
-             *register], cwd=project, env=env, capture_output=True, text=True, timeout=900)
-        codes[name] = done.returncode
-        assert (project / "out" / name / "report.json").is_file(), done.stderr[-3000:]
+    with in_project(project, env):
+        for name, text in changed.items():
+            (recipes / f"{name}.yaml").write_text(text)
+            # the base run also registers its selection: the `registry:` baseline
+            register = ["--set", "register=true"] if name == "base" else []
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                codes[name] = main(["run", str(recipes / f"{name}.yaml"),
+                                    "-o", str(project / "out" / name), "--variant", "fp32",
+                                    "--variant", "int8", *register])
+            assert (project / "out" / name / "report.json").is_file(), err.getvalue()[-3000:]
     return {"project": project, "codes": codes}
 
 

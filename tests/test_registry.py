@@ -5,6 +5,7 @@ promote` moves `production` only through the gates; version_report reads a versi
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +31,35 @@ from orchestrator.tracking.registry import (
 )
 
 
+@pytest.fixture(scope="module")
+def empty_mlflow_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An MLflow sqlite database with its tables made and nothing in them: making them
+    (MLflow's migrations) takes longer than anything else a test here does with MLflow."""
+    from mlflow.tracking import MlflowClient
+
+    db = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(f"sqlite:///{db}").search_experiments()
+    return db
+
+
 @pytest.fixture
-def project(tmp_path: Path, digits_example: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A project whose tracking is the default: sqlite in <root>/mlruns (no env var)."""
+def project_without_mlflow(tmp_path: Path, digits_example: Path,
+                           monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A project whose tracking is the default: sqlite in <root>/mlruns (no env var), where
+    nothing was tracked yet: no mlruns/."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
     monkeypatch.chdir(tmp_path)
     return write_project(tmp_path / "models", digits_example)
+
+
+@pytest.fixture
+def project(project_without_mlflow: Path, empty_mlflow_db: Path) -> Path:
+    """The same, its MLflow database made (empty), as the first run in it would make it."""
+    mlruns = project_root(project_without_mlflow) / "mlruns"
+    mlruns.mkdir()
+    shutil.copy(empty_mlflow_db, mlruns / "mlflow.db")
+    return project_without_mlflow
 
 
 def mlflow_client(recipe: Path) -> Any:
@@ -252,7 +275,9 @@ def test_promote_refuses_a_candidate_that_a_tightened_budget_breaks(
 
 
 def test_promote_without_a_candidate_is_exit_2(
-        project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        project_without_mlflow: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    project = project_without_mlflow
     mlruns = project.parents[1] / "mlruns"
     # no MLflow store at all: said so, and none is created
     assert main(["promote", str(project), "--to", "production"]) == 2

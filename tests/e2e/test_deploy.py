@@ -27,7 +27,8 @@ WAIT_S = 600  # generous bounds for a loaded 2-core machine; never an assertion 
 
 def make_project(base: Path) -> Path:
     """A project (pyproject.toml marks its root) with the digits recipe cut to its fp32
-    pipeline: the deployment's run is about Prefect, not about 8-bit."""
+    pipeline of two stages, freeze and evaluate: the deployment's run is about Prefect, not
+    about 8-bit or timings."""
     project = base / "project"
     (project / "recipes").mkdir(parents=True)
     (project / "pyproject.toml").write_text("[project]\nname = 'models'\n")
@@ -35,7 +36,10 @@ def make_project(base: Path) -> Path:
     text = (ROOT / "recipes" / "digits.yaml").read_text()
     fp32_only, found, _ = text.partition("  int8:\n")
     assert found, "recipes/digits.yaml changed: update this test's cut"
-    (project / "recipes" / "digits.yaml").write_text(fp32_only)
+    stages = "stages: [freeze, strip, fold, benchmark, evaluate]"
+    assert stages in fp32_only, "recipes/digits.yaml changed: update this test's cut"
+    (project / "recipes" / "digits.yaml").write_text(
+        fp32_only.replace(stages, "stages: [freeze, evaluate]"))
     return project
 
 
@@ -91,6 +95,35 @@ def test_plan_takes_the_recipes_schedule_unless_the_command_line_overrides_it(
 
 # ---- refused before anything exists ---------------------------------------------------
 
+# `orchestrator deploy` and `orchestrator serve` one after the other in one Python process
+# of the project's (one interpreter start, not two): each command's exit code and all it
+# wrote to the stderr file descriptor, into the JSON file named by argv[2].
+BOTH_COMMANDS = """
+import json, os, sys, tempfile
+results = []
+for args in json.loads(sys.argv[1]):
+    with tempfile.TemporaryFile("w+") as err:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(err.fileno(), 2)
+        try:
+            from orchestrator.cli.main import main
+            try:
+                code = main(args)
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+        err.seek(0)
+        results.append([code, err.read()])
+with open(sys.argv[2], "w") as out:
+    json.dump(results, out)
+"""
+
+
 @pytest.mark.parametrize("case", ["invalid_recipe", "bad_schedule_in_recipe", "cron",
                                   "timezone", "set", "folder_without_recipes", "same_name"])
 def test_deploy_refuses_bad_input_and_creates_nothing(case: str, tmp_path: Path) -> None:
@@ -119,11 +152,18 @@ def test_deploy_refuses_bad_input_and_creates_nothing(case: str, tmp_path: Path)
     elif case == "same_name":
         shutil.copy(recipe, project / "recipes" / "copy.yaml")
         args, expected = [str(project / "recipes")], "two recipes are named 'digits-cnn'"
-    for command in ("deploy", "serve"):
-        done = orchestrator(project, command, *args)
-        assert done.returncode == 2, (command, done.stdout, done.stderr)
-        assert expected in done.stderr, done.stderr
-        error_lines(done.stderr)  # each error on its line, no traceback
+    commands = ("deploy", "serve")
+    results = tmp_path / "results.json"
+    done = subprocess.run(
+        [sys.executable, "-c", BOTH_COMMANDS, json.dumps([[c, *args] for c in commands]),
+         str(results)], cwd=project, env=project_env(project), capture_output=True,
+        text=True, timeout=WAIT_S)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for command, (code, stderr) in zip(commands, json.loads(results.read_text()),
+                                       strict=True):
+        assert code == 2, (command, stderr)
+        assert expected in stderr, stderr
+        error_lines(stderr)  # each error on its line, no traceback
     # no Prefect server was started, so no deployment can exist anywhere
     assert not (project / ".orchestrator").exists()
     assert not (project / ".prefect").exists()
