@@ -65,15 +65,60 @@ def digits_run(digits_example: Path, prefect_server: None,
             "report": json.loads((work / "out" / "digits" / "report.json").read_text())}
 
 
-def _run_snippet(name: str, folder: Path, run: dict) -> str:
-    script = run["work"] / name
-    script.write_text(_python_snippets()[name])
-    done = subprocess.run([sys.executable, str(script), str(folder)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "ORCHESTRATOR_MODEL_KEY": run["key"],
-                               "TF_CPP_MIN_LOG_LEVEL": "3"})
+# Every snippet in one Python process of its own (one TensorFlow import, not one per
+# snippet): each run as `python NAME.py FOLDER` runs it, its own __main__, from the
+# checkout's root; its last printed line, or its traceback.
+DRIVER = """
+import contextlib, io, json, runpy, sys, traceback
+results = []
+for script, folder in json.loads(sys.argv[1]):
+    out = io.StringIO()
+    sys.argv = [script, folder]
+    try:
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(script, run_name="__main__")
+        lines = out.getvalue().strip().splitlines()
+        results.append({"ok": True, "line": lines[-1] if lines else ""})
+    except BaseException:
+        results.append({"ok": False, "line": traceback.format_exc()[-2000:]})
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def snippets(digits_run: dict) -> dict[tuple[str, str], str]:
+    """(script, folder name) -> the last line it printed, for each snippet on the shipped
+    files; load_mmap.py on the mobile model decrypted into a plain memmapped folder (as a
+    pipeline ending in memmap ships it)."""
+    from orchestrator.model.encryption import decrypt
+    from orchestrator.model.keys import parse_key
+
+    work, out = digits_run["work"], digits_run["out"]
+    for name, code in _python_snippets().items():
+        (work / name).write_text(code)
+    kind, plaintext = decrypt((out / "mobile" / "model.enc").read_bytes(),
+                              parse_key(digits_run["key"], "the test's key"))
+    plain = work / "memmapped"
+    plain.mkdir()
+    (plain / "model.mmap").write_bytes(plaintext)
+    signature = json.loads((out / "mobile" / "signature.json").read_text())
+    (plain / "signature.json").write_text(json.dumps({**signature, "kind": kind}))
+    runs = [("load_tflite.py", out / "litert_int8"), ("load_graphdef.py", out / "fp32"),
+            ("load_graphdef.py", out / "int8"), ("load_encrypted.py", out / "mobile"),
+            ("decrypt_model.py", out / "mobile"), ("load_mmap.py", plain)]
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER,
+         json.dumps([[str(work / script), str(folder)] for script, folder in runs])],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "ORCHESTRATOR_MODEL_KEY": digits_run["key"],
+             "TF_CPP_MIN_LOG_LEVEL": "3"})
     assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout.strip().splitlines()[-1]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    found = {}
+    for (script, folder), result in zip(runs, results, strict=True):
+        found[script, folder.name] = result["line"] if result["ok"] else (
+            f"FAILED: {result['line']}")
+    return found
 
 
 def test_the_page_has_the_snippets_it_says_were_run() -> None:
@@ -84,27 +129,22 @@ def test_the_page_has_the_snippets_it_says_were_run() -> None:
 @pytest.mark.parametrize(("script", "variant"), [
     ("load_tflite.py", "litert_int8"), ("load_graphdef.py", "fp32"),
     ("load_graphdef.py", "int8"), ("load_encrypted.py", "mobile")])
-def test_the_python_loading_code_runs_on_the_shipped_files(digits_run: dict, script: str,
-                                                           variant: str) -> None:
+def test_the_python_loading_code_runs_on_the_shipped_files(digits_run: dict, snippets: dict,
+                                                           script: str, variant: str) -> None:
     assert digits_run["code"] == 0, digits_run["stderr"][-2000:]
-    assert _run_snippet(script, digits_run["out"] / variant, digits_run) == "class 5"
+    assert snippets[script, variant] == "class 5"
 
 
-def test_decrypting_without_orchestrator(digits_run: dict, tmp_path: Path) -> None:
+def test_decrypting_without_orchestrator(digits_run: dict, snippets: dict) -> None:
     from orchestrator.model.encryption import decrypt
     from orchestrator.model.keys import parse_key
 
-    line = _run_snippet("decrypt_model.py", digits_run["out"] / "mobile", digits_run)
     kind, plaintext = decrypt((digits_run["out"] / "mobile" / "model.enc").read_bytes(),
                               parse_key(digits_run["key"], "the test's key"))
-    assert line == f"{kind} {len(plaintext)} bytes, never written to disk"
+    assert snippets["decrypt_model.py", "mobile"] == (
+        f"{kind} {len(plaintext)} bytes, never written to disk")
     # the memmapped payload, as a pipeline ending in memmap ships it
-    plain = tmp_path / "memmapped"
-    plain.mkdir()
-    (plain / "model.mmap").write_bytes(plaintext)
-    signature = json.loads((digits_run["out"] / "mobile" / "signature.json").read_text())
-    (plain / "signature.json").write_text(json.dumps({**signature, "kind": kind}))
-    assert _run_snippet("load_mmap.py", plain, digits_run) == "class 5"
+    assert snippets["load_mmap.py", "memmapped"] == "class 5"
 
 
 def test_the_cpp_decryption_matches(digits_run: dict, tmp_path: Path) -> None:

@@ -3,6 +3,8 @@ keeps its files, and the retrain step's failures."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shutil
 import time
@@ -40,12 +42,33 @@ def elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, digits_example: P
     return project, cwd
 
 
-def test_run_from_another_directory_writes_only_into_the_project(
-        elsewhere: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
-    project, cwd = elsewhere
+@pytest.fixture(scope="module")
+def fp32_run(tmp_path_factory: pytest.TempPathFactory, digits_example: Path,
+             prefect_server: None) -> dict:
+    """The digits recipe's fp32 pipeline, run once from an unrelated working directory with
+    no store or tracking env vars, with a `--set`; what it printed and the flow run."""
+    base = tmp_path_factory.mktemp("recipe-flow")
+    project = make_project(base)
+    cwd = base / "somewhere-else"
+    cwd.mkdir()
     recipe = project / "recipes" / "digits.yaml"
-    assert main(["run", str(recipe), "--variant", "fp32"]) in (0, 1)
-    out = capsys.readouterr().out
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.chdir(cwd)
+        monkeypatch.delenv("ORCHESTRATOR_HOME", raising=False)
+        monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        with contextlib.redirect_stdout(out):
+            code = main(["run", str(recipe), "--variant", "fp32", "--set",
+                         "description=flow test"])
+        flow_run = _read_flow_run("digits-cnn@")
+    return {"project": project, "cwd": cwd, "recipe": recipe, "code": code,
+            "stdout": out.getvalue(), "flow_run": flow_run}
+
+
+def test_run_from_another_directory_writes_only_into_the_project(fp32_run: dict) -> None:
+    project, cwd = fp32_run["project"], fp32_run["cwd"]
+    assert fp32_run["code"] in (0, 1)
+    out = fp32_run["stdout"]
     assert list(cwd.iterdir()) == []  # nothing where the command was started
     report = json.loads((project / "out" / "digits-cnn" / "report.json").read_text())
     assert set(report["variants"]) == {"fp32"}
@@ -87,13 +110,11 @@ def _read_flow_run(name_prefix: str) -> tuple[object, list, list]:
 
 
 def test_prefect_sees_a_named_run_with_parameters_task_names_and_stage_logs(
-        elsewhere: tuple[Path, Path]) -> None:
-    project, _ = elsewhere
-    recipe = project / "recipes" / "digits.yaml"
-    assert main(["run", str(recipe), "--variant", "fp32", "--set",
-                 "description=flow test"]) in (0, 1)
+        fp32_run: dict) -> None:
+    project, recipe = fp32_run["project"], fp32_run["recipe"]
+    assert fp32_run["code"] in (0, 1)
     report = json.loads((project / "out" / "digits-cnn" / "report.json").read_text())
-    run, tasks, logs = _read_flow_run("digits-cnn@")
+    run, tasks, logs = fp32_run["flow_run"]
     # outside git: <recipe>@<UTC time>, the name MLflow's parent run has too
     assert run.name.startswith("digits-cnn@") and run.state.is_completed()
     assert run.parameters["recipe"] == str(recipe)
