@@ -265,14 +265,20 @@ del SMALL["data"]["representative"]
 SMALL_BASES = {"digits.yaml (fp32 only)": SMALL}
 
 
-def paths_in(node: Any, prefix: tuple = ()) -> Iterator[tuple]:
+def paths_in(node: Any, prefix: tuple = (), above: frozenset[int] = frozenset()
+             ) -> Iterator[tuple]:
+    """Every path into `node`; a container inside itself (a `share` mutation can make a
+    cycle) is not entered again, which would recurse without end."""
     yield prefix
+    if id(node) in above:
+        return
+    inside = above | {id(node)}
     if isinstance(node, dict):
         for key, value in node.items():
-            yield from paths_in(value, (*prefix, key))
+            yield from paths_in(value, (*prefix, key), inside)
     elif isinstance(node, list):
         for index, value in enumerate(node):
-            yield from paths_in(value, (*prefix, index))
+            yield from paths_in(value, (*prefix, index), inside)
 
 
 def get(node: Any, path: tuple) -> Any:
