@@ -5,11 +5,11 @@ promote` moves `production` only through the gates; version_report reads a versi
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
+from project_env import new_mlflow_database
 from registry_helpers import report, write_outputs, write_project
 
 from orchestrator.cache.project import project_root
@@ -31,17 +31,6 @@ from orchestrator.tracking.registry import (
 )
 
 
-@pytest.fixture(scope="module")
-def empty_mlflow_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An MLflow sqlite database with its tables made and nothing in them: making them
-    (MLflow's migrations) takes longer than anything else a test here does with MLflow."""
-    from mlflow.tracking import MlflowClient
-
-    db = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
-    MlflowClient(f"sqlite:///{db}").search_experiments()
-    return db
-
-
 @pytest.fixture
 def project_without_mlflow(tmp_path: Path, digits_example: Path,
                            monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -54,11 +43,9 @@ def project_without_mlflow(tmp_path: Path, digits_example: Path,
 
 
 @pytest.fixture
-def project(project_without_mlflow: Path, empty_mlflow_db: Path) -> Path:
+def project(project_without_mlflow: Path, mlflow_template: Path) -> Path:
     """The same, its MLflow database made (empty), as the first run in it would make it."""
-    mlruns = project_root(project_without_mlflow) / "mlruns"
-    mlruns.mkdir()
-    shutil.copy(empty_mlflow_db, mlruns / "mlflow.db")
+    new_mlflow_database(mlflow_template, project_root(project_without_mlflow) / "mlruns")
     return project_without_mlflow
 
 

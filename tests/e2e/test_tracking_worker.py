@@ -124,8 +124,10 @@ def test_a_recipe_that_fails_to_load_ends_the_worker_started_for_it(
     monkeypatch.setattr(tracking_client, "_spawn", counted)
     recipe = workspace / "bad.yaml"
     recipe.write_text("version: 1\nname: bad\nmodel: {path: nowhere}\n")
+    database = workspace / "mlruns" / "mlflow.db"  # the workspace's, empty
+    before = database.read_bytes()
     assert main(["run", str(recipe)]) == 2
     # started before the recipe was read (MLflow's import beside the rest), then ended
     assert len(spawned) == 1 and spawned[0].poll() is not None
     assert not tracking_client._prestarted
-    assert not (workspace / "mlruns" / "mlflow.db").exists()  # nothing recorded
+    assert database.read_bytes() == before  # nothing recorded
