@@ -131,8 +131,9 @@ def build(module: str, folder: Path, timeout: float = 600, record: bool = False,
           trained: Path | None = None, **make_args: Any) -> dict[str, Any]:
     """`<module>.make(folder, **make_args)` in a subprocess (make_args: Python literals);
     returns the facts it prints as JSON, with `weights_sha256` (weights_digest of the
-    model.keras it wrote) and `weights` ("committed" or "trained"). `record`: train even where weights are committed, and commit
-    the new ones (in `trained`, if given, instead of TRAINED)."""
+    model.keras it wrote) and `weights` ("committed" or "trained"). `record`: train even
+    where weights are committed, and commit the new ones (in `trained`, if given, instead
+    of TRAINED)."""
     code = textwrap.dedent(f"""
         import json, sys
         from pathlib import Path
