@@ -26,22 +26,6 @@ from robust_helpers import (
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def mlflow_db(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """One MLflow database for the module's runs: the disks under test are the store's,
-    `-o`'s and mlruns/'s (whose tests unset MLFLOW_TRACKING_URI), not the tracking
-    database, and creating MLflow's tables afresh for every test costs seconds of fsyncs."""
-    return f"sqlite:///{tmp_path_factory.mktemp('disks-mlflow') / 'mlflow.db'}"
-
-
-@pytest.fixture
-def workspace(workspace: Path, mlflow_db: str, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """tests/conftest.py's workspace (its own store, this folder), on the module's MLflow
-    database."""
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_db)
-    return workspace
-
-
 def recipe(workspace: Path, two_variants: bool = False) -> Path:
     data = small_recipe(stages=["freeze", "strip"])
     if two_variants:  # two ~1 MB models to write
