@@ -31,7 +31,7 @@ plots.start_drawing = lambda: started.append("drawing")  # likewise
 if sys.argv[2] == "cached":
     Store.has = Store.has_model = lambda self, key: True
 loaded = load_recipe(sys.argv[1])
-warm_up.run(loaded, Path(sys.argv[3]), None, True)
+warm_up.run(warm_up.plan_first(loaded, None), Path(sys.argv[3]), True)
 print(json.dumps({"tensorflow": "tensorflow" in sys.modules,
                   "prepared": started.count("probe"), "drawing": "drawing" in started,
                   "matplotlib": "matplotlib" in sys.modules}))
@@ -61,3 +61,30 @@ def test_stages_to_compute_import_tensorflow_and_prepare(tmp_path: Path) -> None
 def test_everything_cached_imports_no_tensorflow(tmp_path: Path) -> None:
     assert warm("cached", tmp_path / "store") == {"tensorflow": False, "prepared": 0,
                                                   "drawing": False, "matplotlib": False}
+
+
+BAD_KEY = """
+import sys
+from orchestrator.cli.main import main
+code = main(["run", sys.argv[1], "-o", sys.argv[2]])
+print("tensorflow" in sys.modules, "prefect" in sys.modules, code)
+"""
+
+
+@pytest.mark.usefixtures("digits_example")
+def test_a_missing_model_key_is_exit_2_before_any_import_or_server(tmp_path: Path) -> None:
+    """The plan is built before the Prefect server and TensorFlow: a recipe whose encrypt
+    stage finds no key gets its error (file, line, stage) without their seconds of start."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("ORCHESTRATOR_MODEL_KEY", "PREFECT_API_URL")}
+    env.update(PYTHONPATH=str(ROOT), ORCHESTRATOR_HOME=str(tmp_path / "home"),
+               MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    done = subprocess.run([sys.executable, "-c", BAD_KEY, str(ROOT / "recipes" / "digits.yaml"),
+                           str(tmp_path / "out")], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=300, check=False, stdin=subprocess.DEVNULL)
+    assert done.stdout.split() == ["False", "False", "2"], done.stderr[-2000:]
+    line = done.stderr.strip().splitlines()[0]
+    assert line.startswith(f"error: {ROOT / 'recipes' / 'digits.yaml'}:") and \
+        "[pipelines.mobile.stages." in line and "no model key" in line, done.stderr
+    assert "Traceback" not in done.stderr and "Prefect server" not in done.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "home" / "prefect").exists()

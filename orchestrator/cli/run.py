@@ -86,6 +86,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         project.check_folders(out_dir, store_root, root)
         output_folder.check_output_owner(out_dir, loaded.recipe.name, loaded.path, root,
                                          args.force)
+        plan = warm_up.plan_first(loaded, args.variant or None)  # a bad key: exit 2 now
         # the tracking worker (for the project's own URI, should it differ from the one
         # guessed above) and a booting Prefect server (~2.5 s, unless an earlier run's is
         # up) run beside Prefect's import and the flow's start
@@ -94,8 +95,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         # TensorFlow's import (when stages are to run) while the server boots; the stages'
         # helpers (load probe) too, unless the stages run on a scheduler's workers elsewhere
         chosen = task_runners.resolve(loaded, args.executor, args.dask_address)
-        warm_up.run(loaded, store_root, args.variant or None, not args.no_cache,
-                    prepare=chosen.address is None)
+        warm_up.run(plan, store_root, not args.no_cache, prepare=chosen.address is None)
         from orchestrator.results.progress import ConsoleProgress
         from pipelines import recipe_flow
 
