@@ -87,6 +87,34 @@ def test_runs_starting_together_share_one_booting_server(home: Path) -> None:
         second.release()
 
 
+def test_a_server_still_inside_execve_is_attached_to(home: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The window the test above once lost on a loaded machine: the first server's command
+    line read empty (its execve not done), so the second run started a server of its own.
+    The kernel's empty reads are played here, for the real server's pid: the second run
+    waits them out and attaches; a command line that stays empty is not our server."""
+    first = local_server._attach_or_start(home, 30.0)
+    real = local_server._command_line
+    reads: list[int] = []
+
+    def still_exec(pid: int) -> bytes:
+        reads.append(pid)
+        return b"" if len(reads) <= 3 else real(pid)
+
+    monkeypatch.setattr(local_server, "_command_line", still_exec)
+    second = local_server._attach_or_start(home, 30.0)
+    try:
+        assert not second.started_here and second.pid == first.pid, second
+        assert reads == [first.pid] * 4
+        monkeypatch.setattr(local_server, "EXEC_WINDOW_S", 0.2)
+        monkeypatch.setattr(local_server, "_command_line", lambda pid: b"")
+        port = int(first.api_url.rsplit(":", 1)[1].split("/")[0])
+        assert not local_server._is_our_daemon(first.pid, port)  # a kernel thread, say
+    finally:
+        first.release()
+        second.release()
+
+
 def test_server_whose_store_folder_is_deleted_exits(home: Path) -> None:
     import shutil
 

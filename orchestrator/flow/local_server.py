@@ -206,12 +206,30 @@ class LocksUnavailable(OSError):
     """The store folder's file system has no flock: runs cannot share a server there."""
 
 
+# how long a recorded server's command line may read empty: it is still inside execve
+EXEC_WINDOW_S = 2.0
+
+
+def _command_line(pid: int) -> bytes:
+    """/proc/PID/cmdline, NUL-separated; OSError where there is no /proc."""
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
 def _is_our_daemon(pid: int, port: int) -> bool:
-    """pid is alive and is a server_process on `port` (not a process that reused the pid)."""
+    """pid is alive and is a server_process on `port` (not a process that reused the pid).
+    A server spawned a moment ago may still be inside execve: Popen returns once its old
+    image is gone, before the kernel has set up its arguments, and until then its command
+    line reads empty (seen as a second server started beside a booting one, under load).
+    An empty one is read again for up to EXEC_WINDOW_S."""
     if not pid_alive(pid):
         return False
+    deadline = time.monotonic() + EXEC_WINDOW_S
     try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        raw = _command_line(pid)
+        while not raw and time.monotonic() < deadline and pid_alive(pid):
+            time.sleep(0.01)
+            raw = _command_line(pid)
+        argv = raw.split(b"\0")
     except OSError:  # no /proc (macOS)
         command = subprocess.run(["ps", "-o", "command=", "-p", str(pid)], check=False,
                                  capture_output=True, timeout=10).stdout
