@@ -59,6 +59,46 @@ def prefect_server() -> Iterator[None]:
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def tracking_zygote() -> Iterator[str]:
+    """One warm tracking-worker process per session (xdist: per worker). Every run of the
+    session, in this process or in a CLI subprocess that inherits its environment, forks its
+    tracking worker from it (orchestrator.tracking.zygote) instead of importing MLflow anew:
+    about 3 s of CPU per run, some 150 runs. Tests that build a clean environment (the
+    robustness ones) start their workers the ordinary way; test_tracking_worker.py runs the
+    worker both ways."""
+    import shutil
+    import subprocess
+    import tempfile
+    import time
+
+    from orchestrator.tracking.zygote import SOCKET_ENV
+
+    folder = tempfile.mkdtemp(prefix="orchestrator-zygote-")  # short: a socket path's limit
+    address = os.path.join(folder, "tracking.sock")
+    process = subprocess.Popen([sys.executable, "-m", "orchestrator.tracking.zygote", address],
+                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                               start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(address) and process.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert os.path.exists(address), f"the tracking zygote did not start ({process.poll()})"
+    os.environ[SOCKET_ENV] = address
+    try:
+        yield address
+    finally:
+        os.environ.pop(SOCKET_ENV, None)
+        assert process.stdin is not None
+        process.stdin.close()  # its loop ends at the end of its input
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def mlflow_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An empty MLflow sqlite database with MLflow's tables made, once per session (xdist:

@@ -25,6 +25,7 @@ from orchestrator.cache.project import project_root
 from orchestrator.cache.project import tracking_uri as project_tracking_uri
 from orchestrator.errors import OrchestratorError
 from orchestrator.redaction import is_secret_key, redact, redacted
+from orchestrator.tracking import zygote
 from orchestrator.tracking.common import PROBE_ENV
 from orchestrator.tracking.worker import numeric_values
 
@@ -38,20 +39,29 @@ class TrackingError(OrchestratorError):
     """MLflow could not record the run (bad MLFLOW_TRACKING_URI, unreachable server...)."""
 
 
-def _spawn(tracking_uri: str) -> subprocess.Popen[str]:
+Worker = subprocess.Popen[str] | zygote.ForkedWorker
+
+
+def _spawn(tracking_uri: str) -> Worker:
+    """The worker for a run: forked by the zygote the environment names (zygote.py), where
+    one answers, else a process of its own."""
+    # MLflow prints "View run at <tracking URI>", credentials and all
+    env = {**os.environ, "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
+           PROBE_ENV: tracking_uri}
+    address = os.environ.get(zygote.SOCKET_ENV)
+    forked = zygote.fork_worker(address, env) if address else None
+    if forked is not None:
+        return forked
     return subprocess.Popen(
         [sys.executable, "-m", "orchestrator.tracking.worker"], stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, text=True, encoding="utf-8",
         # its own process group: Ctrl-C for the run must not hit its Python mid start-up
         # (the run decides how tracking ends; a dead run ends its stdin)
-        process_group=0,
-        # MLflow prints "View run at <tracking URI>", credentials and all
-        env={**os.environ, "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
-             PROBE_ENV: tracking_uri})
+        process_group=0, env=env)
 
 
 # Workers started ahead of their run, by tracking URI (see prestart).
-_prestarted: dict[str, subprocess.Popen[str]] = {}
+_prestarted: dict[str, Worker] = {}
 
 
 def prestart(tracking_uri: str) -> None:

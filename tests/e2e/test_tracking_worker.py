@@ -1,5 +1,6 @@
 """MLflow in its own process (orchestrator.tracking.worker), as runs use it: failures are clear
-errors, and runs that fail or die are marked FAILED in MLflow."""
+errors, and runs that fail or die are marked FAILED in MLflow; the same for a worker forked
+by a zygote (orchestrator.tracking.zygote), which the rest of the suite's runs use."""
 
 from __future__ import annotations
 
@@ -75,9 +76,27 @@ def small_plan(digits_example: Path, workspace: Path):  # noqa: ANN201
     return build_plan(load_recipe(recipe), None, {})
 
 
-def test_a_worker_that_dies_is_a_tracking_error(digits_example: Path,
-                                                workspace: Path) -> None:
+@pytest.fixture(params=["forked", "own process"])
+def worker_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The worker forked by the session's zygote (tests/conftest.py: tracking_zygote), or
+    started as a process of its own, as in a run with no zygote: both behave alike."""
+    from orchestrator.tracking import zygote
+
+    if request.param == "own process":
+        monkeypatch.delenv(zygote.SOCKET_ENV)
+    return str(request.param)
+
+
+def _is_forked(client: TrackingClient) -> bool:
+    from orchestrator.tracking.zygote import ForkedWorker
+
+    return isinstance(client.process, ForkedWorker)
+
+
+def test_a_worker_that_dies_is_a_tracking_error(digits_example: Path, workspace: Path,
+                                                worker_kind: str) -> None:
     client = TrackingClient()
+    assert _is_forked(client) == (worker_kind == "forked")
     client.process.send_signal(signal.SIGKILL)  # while it still imports MLflow
     client.start(small_plan(digits_example, workspace), {"orchestrator": "test"})
     with pytest.raises(TrackingError, match="exited with code -9") as caught:
@@ -89,8 +108,10 @@ def test_a_worker_that_dies_is_a_tracking_error(digits_example: Path,
 
 
 def test_a_run_that_ends_without_finish_leaves_failed_runs(digits_example: Path,
-                                                           workspace: Path) -> None:
+                                                           workspace: Path,
+                                                           worker_kind: str) -> None:
     client = TrackingClient()
+    assert _is_forked(client) == (worker_kind == "forked")
     client.start(small_plan(digits_example, workspace), {"orchestrator": "test"})
     run_id = client.run_id
     client.close()  # as when the run's process dies: the worker's input ends
@@ -104,8 +125,10 @@ def test_a_run_that_ends_without_finish_leaves_failed_runs(digits_example: Path,
     assert [run.info.status for run in children] == ["FAILED"]
 
 
-def test_a_run_that_fails_before_start_does_not_wait_for_mlflow(workspace: Path) -> None:
+def test_a_run_that_fails_before_start_does_not_wait_for_mlflow(workspace: Path,
+                                                                worker_kind: str) -> None:
     client = TrackingClient()
+    assert _is_forked(client) == (worker_kind == "forked")
     client.close()  # e.g. the model did not load: nothing to record
     assert client.process.returncode == -signal.SIGKILL
 
@@ -131,3 +154,41 @@ def test_a_recipe_that_fails_to_load_ends_the_worker_started_for_it(
     assert len(spawned) == 1 and spawned[0].poll() is not None
     assert not tracking_client._prestarted
     assert database.read_bytes() == before  # nothing recorded
+
+
+def test_a_forked_worker_has_the_runs_environment_folder_and_a_group_of_its_own(
+        digits_example: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch,
+        tracking_zygote: str) -> None:
+    """What `python -m orchestrator.tracking.worker` would have had: the run's environment
+    (not the zygote's, started long before), its working folder, and its own process
+    group (a Ctrl-C at the run's terminal is not for it); and it records the run."""
+    import os
+    import time
+
+    from orchestrator.tracking import zygote
+
+    # the worker probes the URI its environment names (PROBE_ENV) before anything else:
+    # a closed port, set long after the zygote started, must be the one it reports
+    unreachable = TrackingClient(tracking_uri="http://127.0.0.1:9")
+    assert _is_forked(unreachable)
+    with pytest.raises(TrackingError, match="127.0.0.1:9"):
+        unreachable.check()
+    unreachable.close()
+    client = TrackingClient()
+    assert _is_forked(client)
+    pid = client.process.pid
+    deadline = time.monotonic() + 10
+    while os.getpgid(pid) != pid and time.monotonic() < deadline:  # set just after the fork
+        time.sleep(0.01)
+    assert os.getpgid(pid) == pid != os.getpgid(0)
+    client.start(small_plan(digits_example, workspace), {"orchestrator": "test"})
+    run_id = client.run_id  # answered: it has taken the run's folder by now
+    assert os.readlink(f"/proc/{pid}/cwd") == str(workspace)
+    assert client.finish(None, None, workspace / "recipe.yaml") == {}
+    assert client.process.wait(timeout=60) == 0  # its status, from the zygote
+    assert mlflow_client(workspace).get_run(run_id).info.status == "FINISHED"
+    # a socket where no zygote answers: the run starts its worker itself
+    monkeypatch.setenv(zygote.SOCKET_ENV, str(workspace / "no-zygote.sock"))
+    own = TrackingClient()
+    assert not _is_forked(own)
+    own.close()
