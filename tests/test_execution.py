@@ -42,6 +42,16 @@ def test_recipe_block_and_command_line_on_top(tmp_path: Path) -> None:
     assert runner.cluster_kwargs["n_workers"] == 3
     assert runner.cluster_kwargs["processes"] is True
     assert runner.cluster_kwargs["preload"] == ["orchestrator.flow.dask_preload"]
+    # its workers are forked by a server that imported TensorFlow once (not spawned, each
+    # importing it again): the method Dask's Nanny reads, and what that server imports
+    import multiprocessing.forkserver
+
+    import dask
+
+    assert dask.config.get("distributed.worker.multiprocessing-method") == "forkserver"
+    preload = multiprocessing.forkserver._forkserver._preload_modules
+    assert preload == task_runners.FORK_SERVER_PRELOAD
+    assert "orchestrator.flow.fork_server_imports" in preload
     threads = load_recipe(recipe_with(tmp_path, "{executor: dask, processes: false}"))
     kwargs = task_runners.task_runner(task_runners.resolve(threads)).cluster_kwargs
     assert kwargs["processes"] is False and "preload" not in kwargs

@@ -33,6 +33,7 @@ if sys.argv[2] == "cached":
 loaded = load_recipe(sys.argv[1])
 warm_up.run(warm_up.plan_first(loaded, None), Path(sys.argv[3]), True)
 print(json.dumps({"tensorflow": "tensorflow" in sys.modules,
+                  "keras": "keras.src.optimizers" in sys.modules,
                   "prepared": started.count("probe"), "drawing": "drawing" in started,
                   "matplotlib": "matplotlib" in sys.modules}))
 """
@@ -53,14 +54,16 @@ def test_stages_to_compute_import_tensorflow_and_prepare(tmp_path: Path) -> None
     # the digits recipe: 5 benchmarks measure memory and the mobile memmap its loads
     # and the process that draws half the pictures (matplotlib: TF's Keras imports it)
     answer.pop("matplotlib")
-    assert answer == {"tensorflow": True, "prepared": 6, "drawing": True}
+    # TensorFlow without the Keras it loads eagerly (tf_adapter.import_tensorflow)
+    assert answer == {"tensorflow": True, "keras": False, "prepared": 6, "drawing": True}
     assert not (tmp_path / "store").exists()  # looking at the store writes nothing
 
 
 @pytest.mark.usefixtures("digits_example")
 def test_everything_cached_imports_no_tensorflow(tmp_path: Path) -> None:
-    assert warm("cached", tmp_path / "store") == {"tensorflow": False, "prepared": 0,
-                                                  "drawing": False, "matplotlib": False}
+    assert warm("cached", tmp_path / "store") == {"tensorflow": False, "keras": False,
+                                                  "prepared": 0, "drawing": False,
+                                                  "matplotlib": False}
 
 
 BAD_KEY = """
@@ -88,3 +91,40 @@ def test_a_missing_model_key_is_exit_2_before_any_import_or_server(tmp_path: Pat
         "[pipelines.mobile.stages." in line and "no model key" in line, done.stderr
     assert "Traceback" not in done.stderr and "Prefect server" not in done.stderr
     assert not (tmp_path / "out").exists() and not (tmp_path / "home" / "prefect").exists()
+
+
+KERAS_AFTER = """
+import sys
+import numpy as np
+if sys.argv[3] == "ours":
+    from orchestrator.model.tf_adapter import import_tensorflow
+    import_tensorflow()
+else:
+    import tensorflow
+before = "keras.src.optimizers" in sys.modules
+import keras
+model = keras.saving.load_model(sys.argv[1])
+with np.load(sys.argv[2]) as data:
+    probs = model.predict(data["x_test"][:64], verbose=0)
+print(before, "keras.src.optimizers" in sys.modules, probs.astype(np.float64).sum())
+"""
+
+
+def test_tensorflow_without_its_eager_keras_still_loads_keras_models(
+        digits_example: Path) -> None:
+    """import_tensorflow leaves out the Keras modules TensorFlow loads eagerly (half its
+    import); a Keras model loaded after it loads them itself and predicts as in a process
+    that imported TensorFlow plainly."""
+    answers = {}
+    for how in ("ours", "plain"):
+        done = subprocess.run([sys.executable, "-c", KERAS_AFTER,
+                               str(digits_example / "model.keras"),
+                               str(digits_example / "data.npz"), how],
+                              capture_output=True, text=True, timeout=300, check=False,
+                              env={**os.environ, "PYTHONPATH": str(ROOT),
+                                   "TF_CPP_MIN_LOG_LEVEL": "2"}, stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, done.stderr[-2000:]
+        answers[how] = done.stdout.split()
+    assert answers["ours"][:2] == ["False", "True"]
+    assert answers["plain"][:2] == ["True", "True"]
+    assert float(answers["ours"][2]) == pytest.approx(float(answers["plain"][2]), abs=1e-9)

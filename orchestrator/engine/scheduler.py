@@ -65,8 +65,10 @@ class PlanResult:
 
 def run_plan(plan: Plan, data: RunData, worker: Worker, notify: Notify) -> PlanResult:
     """Run every pipeline of `plan` and its guard. The first stage to fail raises its
-    error (after on_node_error); stages still running on parallel workers are left to the
-    task runner."""
+    error (after on_node_error), once the stages already handed to parallel workers have
+    ended: when the run reports, nothing of it still runs or writes to the store (on a
+    scheduler of the user's own, they would go on after the run's exit; the stages that
+    wait for the failed one end at once). An interrupt (Ctrl-C) does not wait."""
     return _Run(plan, data, worker, notify).run()
 
 
@@ -108,6 +110,16 @@ class _Run:
         self.settled: set[str] = set()
 
     def run(self) -> PlanResult:
+        try:
+            self.run_all()
+        except Exception:
+            self.settle_submitted()
+            raise
+        ordered = {i: self.outcomes[i] for name in self.plan.pipelines
+                   for i in self.order.get(name, [])}
+        return PlanResult(ordered, self.results)
+
+    def run_all(self) -> None:
         self.launch_ready()
         while len(self.settled) < len(self.plan.pipelines):
             if not self.worker.parallel and self.done.empty():
@@ -121,9 +133,18 @@ class _Run:
                     raise
                 raise error from exc
             self.node_finished(node, outcome)
-        ordered = {i: self.outcomes[i] for name in self.plan.pipelines
-                   for i in self.order.get(name, [])}
-        return PlanResult(ordered, self.results)
+
+    def settle_submitted(self) -> None:
+        """After a failure: wait for every node handed to parallel workers to end, its
+        outcome dropped (the run fails with the first error)."""
+        if not self.worker.parallel:
+            return
+        for node_id, future in self.futures.items():
+            if node_id not in self.finished:
+                try:
+                    future.result()
+                except Exception:  # noqa: BLE001, S112  (the run reports its first error)
+                    continue
 
     def failed(self, node: Node, exc: BaseException) -> BaseException:
         """The error to raise for `node` (the worker's own failure explained as the

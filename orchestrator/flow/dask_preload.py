@@ -24,8 +24,9 @@ def dask_setup(worker: Any) -> None:
 
 def _import_tensorflow() -> None:
     try:
-        importlib.import_module("orchestrator.model.tf_adapter")  # first: TF's env defaults
-        importlib.import_module("tensorflow")
+        from orchestrator.model.tf_adapter import import_tensorflow
+
+        import_tensorflow()
         importlib.import_module("pipelines.recipe_flow")  # what unpickles a stage task
     except Exception as exc:  # noqa: BLE001 - the first stage reports its own problems
         log.debug("worker warm-up stopped early: %s", exc)

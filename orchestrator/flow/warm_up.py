@@ -20,7 +20,6 @@ left for the run itself to find and report; an interrupt is the run's (exit 130)
 
 from __future__ import annotations
 
-import importlib
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -54,6 +53,7 @@ def run(plan: Plan | None, store_root: Path | str, use_cache: bool, prepare: boo
     from orchestrator.cache.store import open_store
     from orchestrator.engine.node_run import pending, prepare_stages
     from orchestrator.errors import OrchestratorError
+    from orchestrator.model.tf_adapter import import_tensorflow
     from orchestrator.results.plots import start_drawing
 
     store, to_compute = None, True
@@ -65,6 +65,5 @@ def run(plan: Plan | None, store_root: Path | str, use_cache: bool, prepare: boo
             log.debug("warm-up without the store: %s", exc)
             store, to_compute = None, True
     if store is None or plan is None or not store.has_model(plan.source_key) or to_compute:
-        importlib.import_module("orchestrator.model.tf_adapter")  # first: TF's env defaults
-        importlib.import_module("tensorflow")  # else the run needs no TensorFlow
+        import_tensorflow()  # else the run needs no TensorFlow
         start_drawing()  # new results: new pictures (else they are drawn already)

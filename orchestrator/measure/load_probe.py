@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import atexit
 import hashlib
-import importlib
 import json
 import os
 import selectors
@@ -181,8 +180,9 @@ def zygote_loop(socket_path: str | None = None) -> None:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(socket_path)
         listener.listen(16)
-    importlib.import_module("orchestrator.model.tf_adapter")  # first: TF's env defaults, as in runs
-    import tensorflow  # noqa: F401 - imported once here, shared by every child
+    from orchestrator.model.tf_adapter import import_tensorflow
+
+    import_tensorflow()  # once here, shared by every child
     from ai_edge_litert.interpreter import Interpreter  # noqa: F401
 
     import orchestrator.measure.tf_runtime  # noqa: F401

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -17,6 +19,30 @@ if TYPE_CHECKING:
 # comparisons; both must be set before TensorFlow is first imported.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+
+# TensorFlow 2.21's __init__ imports this Keras module eagerly, in a try/except ImportError,
+# for registrations that only Keras objects need; with Keras 3 installed that is about half
+# of TensorFlow's import (10 s of CPU in all, 5.4 without it, on this project's 2-core
+# machine).
+_EAGER_KERAS_MODULE = "keras.src.optimizers"
+
+
+def import_tensorflow() -> ModuleType:
+    """TensorFlow, imported without the Keras it would load eagerly. Freezing, rewriting,
+    quantizing and running graphs never use Keras; a model kind that does imports `keras`
+    itself (model/sources/keras.py), which then loads those modules as usual. A process
+    that imported TensorFlow already gets it as it is."""
+    if "tensorflow" in sys.modules:
+        return sys.modules["tensorflow"]
+    blocked = _EAGER_KERAS_MODULE not in sys.modules
+    if blocked:  # None in sys.modules: that import fails at once, and TF goes on without it
+        sys.modules[_EAGER_KERAS_MODULE] = None  # type: ignore[assignment]
+    try:
+        return importlib.import_module("tensorflow")
+    finally:
+        if blocked and sys.modules.get(_EAGER_KERAS_MODULE, False) is None:
+            del sys.modules[_EAGER_KERAS_MODULE]  # a later `import keras` loads it
 
 
 class TFEntryPointMissing(RuntimeError):

@@ -22,6 +22,7 @@ import json
 import os
 import re
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -97,6 +98,9 @@ def cluster(request: pytest.FixtureRequest, prefect_api_url: str, tmp_path: Path
     import dask
     from distributed import Client, LocalCluster
 
+    from orchestrator.flow.task_runners import fork_workers_from_a_warm_server
+
+    fork_workers_from_a_warm_server()  # as the run's task runner does
     settings = {} if request.param is None else {
         "distributed.scheduler.allowed-failures": request.param}
 
@@ -149,6 +153,10 @@ def test_kill_9_of_a_worker_mid_stage(digits_example: Path, prefect_server: None
            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     pids = worker_pids(client)
     assert len(pids) == 2
+    # forked by the warm fork server: TensorFlow is there before any stage asks for it
+    forked = client.run(lambda: ("tensorflow" in sys.modules, Path(
+        f"/proc/{os.getppid()}/cmdline").read_bytes().replace(b"\0", b" ").decode()))
+    assert all(has_tf and "forkserver" in parent for has_tf, parent in forked.values()), forked
     killed: list[int] = []
     killer = threading.Thread(target=kill_when_marked,
                               args=(recipes / "stage.pid", pids, killed), daemon=True)
