@@ -214,9 +214,13 @@ _CHILD = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_h
 
 def base_env(home: Path, tracking_uri: str | None, prefect_api_url: str | None,
              **extra: str) -> dict[str, str]:
-    """A subprocess environment with its own store and tracking, C.UTF-8 and UTC."""
+    """A subprocess environment with its own store and tracking, C.UTF-8 and UTC; the
+    session's tracking zygote kept (tests/conftest.py: tracking_zygote), unless a test
+    needs the run's own worker process (it removes SOCKET_ENV)."""
+    from orchestrator.tracking.zygote import SOCKET_ENV
+
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PREFECT_API", "MLFLOW_", "ORCHESTRATOR_"))}
+           if k == SOCKET_ENV or not k.startswith(("PREFECT_API", "MLFLOW_", "ORCHESTRATOR_"))}
     env.update(LC_ALL="C.UTF-8", LANG="C.UTF-8", TZ="UTC", PYTHONUNBUFFERED="1",
                PYTHONDONTWRITEBYTECODE="1", ORCHESTRATOR_HOME=str(home),
                TF_CPP_MIN_LOG_LEVEL="2", PREFECT_SERVER_ANALYTICS_ENABLED="false",
