@@ -125,3 +125,19 @@ def test_a_device_preset_is_checked_beside_a_bad_budget_of_the_same_target() -> 
         (8, "data.evaluation.source"), (11, "targets.0.device"),
         (12, "targets.0.budgets.max_size_mbb"), (18, "pipelines.int8.stages.1")]
     assert 'did you mean "phone-2016"' in found.errors[1].message
+
+
+@pytest.mark.parametrize("key", ["function-", "function-after[check(), Recipe]"])
+def test_a_key_named_like_a_pydantic_validator_step_is_an_unknown_key(
+        tmp_path: Path, key: str) -> None:
+    """pydantic names a validator's step `function-after[...]` in its error locations; a
+    recipe's own key of that shape is still the user's key (the fuzz test once found
+    `function-: null` crashing the loader with an IndexError)."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"version: 1\nname: x\nmodel: {{path: m.pb}}\n"
+                      f"pipelines: {{a: {{stages: [freeze]}}}}\n'{key}': null\n")
+    with pytest.raises((RecipeError, RecipeErrors)) as caught:
+        load_recipe(recipe, check_files=False)
+    errors = caught.value.errors if isinstance(caught.value, RecipeErrors) else [caught.value]
+    unknown = [e for e in errors if f"unknown key '{key}'" in e.message]
+    assert len(unknown) == 1 and unknown[0].line == 5, [str(e) for e in errors]

@@ -8,6 +8,7 @@ as a compiler lists them: `collected` raises it.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin
@@ -126,6 +127,16 @@ def _is_type_mismatch(err: Mapping[str, Any], depth: int) -> bool:
 _NO_DATA: Any = object()
 
 
+# how pydantic names a validator function's step in a loc: `function-after[check(), Model]`
+_VALIDATOR_TAG = re.compile(r"function-(after|before|wrap|plain)\[.*\]", re.DOTALL)
+
+
+def _is_validator_tag(part: Any) -> bool:
+    """A validator's step, where no input tells (a recipe's own key, `function-` say, is
+    told apart by being in the input: _tags)."""
+    return isinstance(part, str) and _VALIDATOR_TAG.fullmatch(part) is not None
+
+
 def _tags(err: Mapping[str, Any], data: Any) -> list[bool]:
     """For each part of a pydantic error's loc: True for a union branch tag (`str`,
     `Device`, `dict[str,any]`, `function-after[...]`, `[key]`), False for a real key or
@@ -133,10 +144,10 @@ def _tags(err: Mapping[str, Any], data: Any) -> list[bool]:
     missing key itself. Without `data`, only `function-...` parts are tags."""
     loc = err["loc"]
     if data is _NO_DATA:
-        return [str(p).startswith("function-") for p in loc]
+        return [_is_validator_tag(p) for p in loc]
     node, tags = data, []
     for i, part in enumerate(loc):
-        if isinstance(node, dict) and part in node and not str(part).startswith("function-"):
+        if isinstance(node, dict) and part in node:  # a key of the input, whatever its name
             node, tag = node[part], False
         elif (isinstance(node, list) and isinstance(part, int)
               and not isinstance(part, bool) and 0 <= part < len(node)):
