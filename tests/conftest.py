@@ -60,11 +60,12 @@ def prefect_server() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def tracking_zygote() -> Iterator[str]:
-    """One warm tracking-worker process per session (xdist: per worker). Every run of the
-    session, in this process or in a CLI subprocess that inherits its environment, forks its
-    tracking worker from it (orchestrator.tracking.zygote) instead of importing MLflow anew:
-    about 3 s of CPU per run, some 150 runs. Tests that build a clean environment (the
+def helper_zygote() -> Iterator[str]:
+    """One warm process per session (xdist: per worker) that forks the runs' helpers. Every
+    run of the session, in this process or in a CLI subprocess that inherits its
+    environment, forks its tracking worker and its drawing process from it
+    (orchestrator.zygote) instead of importing MLflow and matplotlib anew: about 3 s and 1 s
+    of CPU per run, some 150 runs. Tests that build a clean environment (the
     robustness ones) start their workers the ordinary way; test_tracking_worker.py runs the
     worker both ways."""
     import shutil
@@ -72,18 +73,18 @@ def tracking_zygote() -> Iterator[str]:
     import tempfile
     import time
 
-    from orchestrator.tracking.zygote import SOCKET_ENV
+    from orchestrator.zygote import SOCKET_ENV
 
     folder = tempfile.mkdtemp(prefix="orchestrator-zygote-")  # short: a socket path's limit
     address = os.path.join(folder, "tracking.sock")
-    process = subprocess.Popen([sys.executable, "-m", "orchestrator.tracking.zygote", address],
+    process = subprocess.Popen([sys.executable, "-m", "orchestrator.zygote", address],
                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                start_new_session=True)
     deadline = time.monotonic() + 60
     while not os.path.exists(address) and process.poll() is None \
             and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert os.path.exists(address), f"the tracking zygote did not start ({process.poll()})"
+    assert os.path.exists(address), f"the helper zygote did not start ({process.poll()})"
     os.environ[SOCKET_ENV] = address
     try:
         yield address
@@ -97,6 +98,18 @@ def tracking_zygote() -> Iterator[str]:
             process.kill()
             process.wait()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(params=["forked", "own process"])
+def helper_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A run's helpers (tracking worker, drawing process) forked by the session's zygote
+    (helper_zygote), or started as processes of their own, as in a run with no zygote: a
+    test that takes this fixture checks that both behave alike."""
+    from orchestrator import zygote
+
+    if request.param == "own process":
+        monkeypatch.delenv(zygote.SOCKET_ENV)
+    return str(request.param)
 
 
 @pytest.fixture(scope="session")

@@ -241,32 +241,40 @@ def test_the_pictures_of_the_most_recently_used_reports_stay(tmp_path: Path) -> 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["key0", "key3", "key4"]
 
 
-def test_a_drawing_process_draws_half_and_the_pictures_are_the_same() -> None:
+def _forked(process: object) -> bool:
+    from orchestrator.zygote import ForkedProcess
+
+    return isinstance(process, ForkedProcess)
+
+
+def test_a_drawing_process_draws_half_and_the_pictures_are_the_same(helper_kind: str) -> None:
     report = _report()
     alone = plots.report_plots(report)
     plots.start_drawing()
     process = plots._PAINTER.process
-    assert process is not None
+    assert process is not None and _forked(process) == (helper_kind == "forked")
     assert plots.report_plots(report) == alone  # byte for byte
     assert plots._PAINTER.process is None and process.poll() is not None  # one report each
 
 
-def test_a_picture_that_fails_fails_as_it_does_without_a_drawing_process() -> None:
+def test_a_picture_that_fails_fails_as_it_does_without_a_drawing_process(
+        helper_kind: str) -> None:
     report = _report()
     report["variants"]["fp32"]["latency_runs_ms"] = ["not a number"]  # the second share's
     with pytest.raises(Exception) as alone:
         plots.report_plots(report)
     plots.start_drawing()
+    assert _forked(plots._PAINTER.process) == (helper_kind == "forked")
     with pytest.raises(Exception) as helped:
         plots.report_plots(report)
     assert (type(helped.value), str(helped.value)) == (type(alone.value), str(alone.value))
     assert plots._PAINTER.process is None
 
 
-def test_a_drawing_process_that_drew_nothing_is_ended() -> None:
+def test_a_drawing_process_that_drew_nothing_is_ended(helper_kind: str) -> None:
     plots.start_drawing()
     process = plots._PAINTER.process
-    assert process is not None
+    assert process is not None and _forked(process) == (helper_kind == "forked")
     plots.stop_drawing()
     assert process.poll() is not None and plots._PAINTER.process is None
 

@@ -47,6 +47,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator import zygote
 from orchestrator.formatting import MIB, format_ms, format_size, layer_names
 
 # A layer's error above this many quantization steps is flagged (see layer_errors).
@@ -657,13 +658,17 @@ def _draw(report: Mapping[str, Any], name: str) -> bytes | None:
             "layer_errors.png": layer_error_bars}[name](variants)
 
 
+Painter = subprocess.Popen[bytes] | zygote.ForkedProcess
+PAINTER_MODULE = "orchestrator.results.plots"
+
+
 class _Painter:
     """A process (`python -m orchestrator.results.plots`) that imports matplotlib as soon
     as it starts, then draws the second share of one report's pictures while the run draws
     the first."""
 
     def __init__(self) -> None:
-        self.process: subprocess.Popen[bytes] | None = None
+        self.process: Painter | None = None
 
     def start(self) -> None:
         if self.process is not None:
@@ -671,9 +676,16 @@ class _Painter:
         package_root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
+        address = os.environ.get(zygote.SOCKET_ENV)  # a warm process that forks it
+        if address:
+            with open(os.devnull, "wb") as devnull:
+                self.process = zygote.fork_module(address, PAINTER_MODULE, env, text=False,
+                                                  stderr=devnull.fileno())
+            if self.process is not None:
+                return
         with contextlib.suppress(OSError):  # then the run draws them all itself
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "orchestrator.results.plots"], env=env,
+                [sys.executable, "-m", PAINTER_MODULE], env=env,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                 # a Ctrl-C at the terminal is the run's to handle (it ends this process)
                 process_group=0)
@@ -708,7 +720,7 @@ class _Painter:
             _end(process)
 
 
-def _read_all(process: subprocess.Popen[bytes], deadline: float) -> bytes:
+def _read_all(process: Painter, deadline: float) -> bytes:
     assert process.stdout is not None
     chunks = []
     with selectors.DefaultSelector() as selector:
@@ -723,7 +735,7 @@ def _read_all(process: subprocess.Popen[bytes], deadline: float) -> bytes:
             chunks.append(chunk)
 
 
-def _end(process: subprocess.Popen[bytes]) -> None:
+def _end(process: Painter) -> None:
     for stream in (process.stdin, process.stdout):
         if stream is not None:
             with contextlib.suppress(OSError):
@@ -747,7 +759,7 @@ def stop_drawing() -> None:
     _PAINTER.stop()
 
 
-def _serve() -> int:
+def drawing_process() -> int:
     """The drawing process: matplotlib first, then a share of one report's pictures (in
     on stdin, pickled, until it ends), out on stdout: {name: PNG or None}, or the name of
     the error a picture met (the run draws them again itself, and reports it)."""
@@ -767,4 +779,4 @@ def _serve() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(_serve())
+    raise SystemExit(drawing_process())

@@ -21,11 +21,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator import zygote
 from orchestrator.cache.project import project_root
 from orchestrator.cache.project import tracking_uri as project_tracking_uri
 from orchestrator.errors import OrchestratorError
 from orchestrator.redaction import is_secret_key, redact, redacted
-from orchestrator.tracking import zygote
 from orchestrator.tracking.common import PROBE_ENV
 from orchestrator.tracking.worker import numeric_values
 
@@ -39,21 +39,22 @@ class TrackingError(OrchestratorError):
     """MLflow could not record the run (bad MLFLOW_TRACKING_URI, unreachable server...)."""
 
 
-Worker = subprocess.Popen[str] | zygote.ForkedWorker
+Worker = subprocess.Popen[str] | zygote.ForkedProcess
+WORKER_MODULE = "orchestrator.tracking.worker"
 
 
 def _spawn(tracking_uri: str) -> Worker:
-    """The worker for a run: forked by the zygote the environment names (zygote.py), where
-    one answers, else a process of its own."""
+    """The worker for a run: forked by the zygote the environment names (orchestrator/
+    zygote.py), where one answers, else a process of its own."""
     # MLflow prints "View run at <tracking URI>", credentials and all
     env = {**os.environ, "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
            PROBE_ENV: tracking_uri}
     address = os.environ.get(zygote.SOCKET_ENV)
-    forked = zygote.fork_worker(address, env) if address else None
+    forked = zygote.fork_module(address, WORKER_MODULE, env) if address else None
     if forked is not None:
         return forked
     return subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.tracking.worker"], stdin=subprocess.PIPE,
+        [sys.executable, "-m", WORKER_MODULE], stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, text=True, encoding="utf-8",
         # its own process group: Ctrl-C for the run must not hit its Python mid start-up
         # (the run decides how tracking ends; a dead run ends its stdin)

@@ -499,6 +499,20 @@ def handle_messages(inbox: Any, outbox: Any) -> int:
     return 0
 
 
+def preload() -> None:
+    """What a zygote (orchestrator/zygote.py) imports once before it forks workers: MLflow,
+    set up as main() sets it up before its import (the logging level is read then)."""
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    for name, value in HTTP_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+    import mlflow.artifacts  # noqa: F401
+    import mlflow.entities  # noqa: F401
+    import mlflow.tracking  # noqa: F401
+    from mlflow.store.tracking import sqlalchemy_store  # noqa: F401
+
+    from orchestrator.tracking import registry  # noqa: F401  (a run's end)
+
+
 def main() -> int:
     # Ctrl-C reaches the whole process group; the run decides how its tracking ends
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -1,6 +1,6 @@
 """MLflow in its own process (orchestrator.tracking.worker), as runs use it: failures are clear
 errors, and runs that fail or die are marked FAILED in MLflow; the same for a worker forked
-by a zygote (orchestrator.tracking.zygote), which the rest of the suite's runs use."""
+by a zygote (orchestrator.zygote), which the rest of the suite's runs use."""
 
 from __future__ import annotations
 
@@ -76,27 +76,16 @@ def small_plan(digits_example: Path, workspace: Path):  # noqa: ANN201
     return build_plan(load_recipe(recipe), None, {})
 
 
-@pytest.fixture(params=["forked", "own process"])
-def worker_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The worker forked by the session's zygote (tests/conftest.py: tracking_zygote), or
-    started as a process of its own, as in a run with no zygote: both behave alike."""
-    from orchestrator.tracking import zygote
-
-    if request.param == "own process":
-        monkeypatch.delenv(zygote.SOCKET_ENV)
-    return str(request.param)
-
-
 def _is_forked(client: TrackingClient) -> bool:
-    from orchestrator.tracking.zygote import ForkedWorker
+    from orchestrator.zygote import ForkedProcess
 
-    return isinstance(client.process, ForkedWorker)
+    return isinstance(client.process, ForkedProcess)
 
 
 def test_a_worker_that_dies_is_a_tracking_error(digits_example: Path, workspace: Path,
-                                                worker_kind: str) -> None:
+                                                helper_kind: str) -> None:
     client = TrackingClient()
-    assert _is_forked(client) == (worker_kind == "forked")
+    assert _is_forked(client) == (helper_kind == "forked")
     client.process.send_signal(signal.SIGKILL)  # while it still imports MLflow
     client.start(small_plan(digits_example, workspace), {"orchestrator": "test"})
     with pytest.raises(TrackingError, match="exited with code -9") as caught:
@@ -109,9 +98,9 @@ def test_a_worker_that_dies_is_a_tracking_error(digits_example: Path, workspace:
 
 def test_a_run_that_ends_without_finish_leaves_failed_runs(digits_example: Path,
                                                            workspace: Path,
-                                                           worker_kind: str) -> None:
+                                                           helper_kind: str) -> None:
     client = TrackingClient()
-    assert _is_forked(client) == (worker_kind == "forked")
+    assert _is_forked(client) == (helper_kind == "forked")
     client.start(small_plan(digits_example, workspace), {"orchestrator": "test"})
     run_id = client.run_id
     client.close()  # as when the run's process dies: the worker's input ends
@@ -126,9 +115,9 @@ def test_a_run_that_ends_without_finish_leaves_failed_runs(digits_example: Path,
 
 
 def test_a_run_that_fails_before_start_does_not_wait_for_mlflow(workspace: Path,
-                                                                worker_kind: str) -> None:
+                                                                helper_kind: str) -> None:
     client = TrackingClient()
-    assert _is_forked(client) == (worker_kind == "forked")
+    assert _is_forked(client) == (helper_kind == "forked")
     client.close()  # e.g. the model did not load: nothing to record
     assert client.process.returncode == -signal.SIGKILL
 
@@ -158,14 +147,14 @@ def test_a_recipe_that_fails_to_load_ends_the_worker_started_for_it(
 
 def test_a_forked_worker_has_the_runs_environment_folder_and_a_group_of_its_own(
         digits_example: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch,
-        tracking_zygote: str) -> None:
+        helper_zygote: str) -> None:
     """What `python -m orchestrator.tracking.worker` would have had: the run's environment
     (not the zygote's, started long before), its working folder, and its own process
     group (a Ctrl-C at the run's terminal is not for it); and it records the run."""
     import os
     import time
 
-    from orchestrator.tracking import zygote
+    from orchestrator import zygote
 
     # the worker probes the URI its environment names (PROBE_ENV) before anything else:
     # a closed port, set long after the zygote started, must be the one it reports

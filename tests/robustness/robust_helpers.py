@@ -215,9 +215,9 @@ _CHILD = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_h
 def base_env(home: Path, tracking_uri: str | None, prefect_api_url: str | None,
              **extra: str) -> dict[str, str]:
     """A subprocess environment with its own store and tracking, C.UTF-8 and UTC; the
-    session's tracking zygote kept (tests/conftest.py: tracking_zygote), unless a test
+    session's helper zygote kept (tests/conftest.py: helper_zygote), unless a test
     needs the run's own worker process (it removes SOCKET_ENV)."""
-    from orchestrator.tracking.zygote import SOCKET_ENV
+    from orchestrator.zygote import SOCKET_ENV
 
     env = {k: v for k, v in os.environ.items()
            if k == SOCKET_ENV or not k.startswith(("PREFECT_API", "MLFLOW_", "ORCHESTRATOR_"))}

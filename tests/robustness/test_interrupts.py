@@ -71,7 +71,7 @@ def interrupt_when(condition: Callable[[Started], bool], tmp_path: Path, env: di
     """Start a run; once `condition` holds (and `delay_s` more), SIGINT its process group
     (and, with `again_s`, once more that much later: a double Ctrl-C). Returns (exit
     code, stderr, whether the signal was sent while it ran)."""
-    from orchestrator.tracking.zygote import SOCKET_ENV
+    from orchestrator.zygote import SOCKET_ENV
 
     # the run's own tracking worker, a child whose start marks the loading phase (and
     # which the interrupt must end with the run), not one forked by the session's zygote

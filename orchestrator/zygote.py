@@ -1,24 +1,28 @@
-"""Tracking workers forked from one warm process, for a host that runs many recipes.
+"""Helper processes forked from one warm process, for a host that runs many recipes.
 
-`python -m orchestrator.tracking.worker` spends about 3 s of CPU importing MLflow before it
-logs anything. One run pays that once, beside its own work on the other core; a host that
-runs recipe after recipe (a CI runner looping over recipes, the test suite) pays it every
-run. The zygote imports MLflow and the worker once, then forks a worker per request, as the
-load probe's zygote (measure/load_probe.py) forks its measurements:
+A run starts two helper processes of its own: the tracking worker (`python -m
+orchestrator.tracking.worker`, about 3 s of CPU to import MLflow before it logs anything)
+and the process that draws half of its pictures (`python -m orchestrator.results.plots`,
+about 1 s to import matplotlib). One run pays that once, beside its own work on the other
+core; a host that runs recipe after recipe (a CI runner looping over recipes, the test
+suite) pays it every run. The zygote imports what those helpers import, once, then forks a
+helper per request, as the load probe's zygote (measure/load_probe.py) forks its
+measurements:
 
-    python -m orchestrator.tracking.zygote /run/user/1000/tracking.sock &
-    export ORCHESTRATOR_TRACKING_ZYGOTE=/run/user/1000/tracking.sock
+    python -m orchestrator.zygote /run/user/1000/orchestrator.sock &
+    export ORCHESTRATOR_ZYGOTE=/run/user/1000/orchestrator.sock
 
-A run whose environment names a socket where a zygote answers gets its worker from there
-(client.TrackingClient); anywhere else, or when none answers, it starts one as always. The
-forked worker is the same code speaking the same protocol, with the run's environment,
-working directory and pipes, in a process group of its own; the zygote reports its exit
-status over the request's connection, which is what `ForkedWorker.wait` reads.
+A run whose environment names a socket where a zygote answers gets its helpers from there
+(tracking/client.py, results/plots.py); anywhere else, or when none answers, it starts them
+as always. A forked helper runs the same module as `python -m` would, with the run's
+environment, working directory and pipes, in a process group of its own; the zygote reports
+its exit status over the request's connection, which is what `ForkedProcess.wait` reads.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import select
@@ -29,26 +33,31 @@ import stat
 import subprocess
 import sys
 from collections.abc import Mapping
-from typing import IO
+from typing import IO, Any
 
-SOCKET_ENV = "ORCHESTRATOR_TRACKING_ZYGOTE"
+SOCKET_ENV = "ORCHESTRATOR_ZYGOTE"
 # How long a request may wait for the zygote's answer (it forks at once when idle; a
 # busy machine's scheduler is the only delay)
 ANSWER_TIMEOUT_S = 30.0
 _MAX_REQUEST = 1 << 20  # the run's environment, as JSON
+# The helpers a zygote may fork (a request names the module), as `module: function`: what
+# the module's `python -m` runs, returning the exit code; and what the zygote calls first,
+# once, for them all (each helper's imports).
+HELPERS = {"orchestrator.tracking.worker": "main", "orchestrator.results.plots": "drawing_process"}
+PRELOAD = ("orchestrator.tracking.worker:preload", "orchestrator.results.plots:pyplot")
 
 
-class ForkedWorker:
-    """A worker the zygote forked: what TrackingClient uses of a subprocess.Popen (its pipes,
-    pid, poll, wait, kill). Its exit status comes from the zygote, its parent."""
+class ForkedProcess:
+    """A helper the zygote forked: what its run uses of a subprocess.Popen (its pipes, pid,
+    poll, wait, kill). Its exit status comes from the zygote, its parent."""
 
-    def __init__(self, connection: socket.socket, pid: int, stdin: IO[str],
-                 stdout: IO[str]) -> None:
+    def __init__(self, connection: socket.socket, pid: int, stdin: IO[Any],
+                 stdout: IO[Any], module: str) -> None:
         self.pid = pid
-        self.stdin: IO[str] | None = stdin
-        self.stdout: IO[str] | None = stdout
+        self.stdin: IO[Any] | None = stdin
+        self.stdout: IO[Any] | None = stdout
         self.returncode: int | None = None
-        self.args = [f"{SOCKET_ENV} worker {pid}"]  # for TimeoutExpired's message
+        self.args = [f"{module} (pid {pid}, forked by {SOCKET_ENV})"]  # TimeoutExpired's
         self._connection = connection
         self._pending = b""
         try:  # signals go to this process even after the zygote reaps it and the pid is reused
@@ -82,7 +91,7 @@ class ForkedWorker:
 
     def _read_status(self) -> None:
         """The zygote's `{"exit": code}` line (Popen's convention: minus the signal). A
-        zygote that ended first sends none: the worker, orphaned, is waited for through its
+        zygote that ended first sends none: the helper, orphaned, is waited for through its
         pidfd, and its status is unknown (1)."""
         while b"\n" not in self._pending:
             chunk = self._connection.recv(4096)
@@ -102,38 +111,45 @@ class ForkedWorker:
             self._pidfd = None
 
 
-def fork_worker(address: str, env: Mapping[str, str]) -> ForkedWorker | None:
-    """A tracking worker forked by the zygote at `address`, with `env` and this process's
-    working directory and standard error; None when no zygote answers there (the caller
-    starts one of its own)."""
+def fork_module(address: str, module: str, env: Mapping[str, str], text: bool = True,
+                stderr: int = 2) -> ForkedProcess | None:
+    """`python -m MODULE` (one of HELPERS) forked by the zygote at `address`, with `env`,
+    this process's working directory, pipes to its stdin and stdout (text or bytes) and
+    `stderr` (a file descriptor); None when no zygote answers there (the caller starts the
+    helper itself)."""
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     connection.settimeout(ANSWER_TIMEOUT_S)
-    to_worker, from_worker = os.pipe(), os.pipe()  # (read, write) each
+    to_helper, from_helper = os.pipe(), os.pipe()  # (read, write) each
     try:
         connection.connect(address)
-        request = json.dumps({"env": dict(env), "cwd": os.getcwd()}).encode() + b"\n"
-        socket.send_fds(connection, [request], [to_worker[0], from_worker[1], 2])
+        request = json.dumps({"module": module, "env": dict(env),
+                              "cwd": os.getcwd()}).encode() + b"\n"
+        socket.send_fds(connection, [request], [to_helper[0], from_helper[1], stderr])
         answer = connection.makefile("rb").readline()
         pid = int(json.loads(answer)["pid"])
     except (OSError, ValueError, KeyError):
         connection.close()
-        for fd in (*to_worker, *from_worker):
-            os.close(fd)
+        for fd in (*to_helper, *from_helper):
+            with contextlib.suppress(OSError):
+                os.close(fd)
         return None
     finally:
-        with contextlib.suppress(OSError):  # the worker's ends are its own now
-            os.close(to_worker[0])
-            os.close(from_worker[1])
+        with contextlib.suppress(OSError):  # the helper's ends are its own now
+            os.close(to_helper[0])
+            os.close(from_helper[1])
     connection.settimeout(None)
-    return ForkedWorker(connection, pid,
-                        os.fdopen(to_worker[1], "w", encoding="utf-8"),
-                        os.fdopen(from_worker[0], "r", encoding="utf-8"))
+    if text:
+        stdin: IO[Any] = os.fdopen(to_helper[1], "w", encoding="utf-8")
+        stdout: IO[Any] = os.fdopen(from_helper[0], "r", encoding="utf-8")
+    else:
+        stdin, stdout = os.fdopen(to_helper[1], "wb"), os.fdopen(from_helper[0], "rb")
+    return ForkedProcess(connection, pid, stdin, stdout, module)
 
 
 # --------------------------------------------------------------------------- the zygote
 
 
-def _read_request(connection: socket.socket) -> tuple[dict[str, object], list[int]]:
+def _read_request(connection: socket.socket) -> tuple[dict[str, Any], list[int]]:
     data, fds, _, _ = socket.recv_fds(connection, _MAX_REQUEST, 3)
     try:
         while not data.endswith(b"\n"):
@@ -142,8 +158,9 @@ def _read_request(connection: socket.socket) -> tuple[dict[str, object], list[in
                 raise ValueError("an incomplete request")
             data += chunk
         request = json.loads(data)
-        if len(fds) != 3:
-            raise ValueError("a request without its three pipes")
+        if len(fds) != 3 or not isinstance(request, dict) \
+                or not isinstance(request.get("env"), dict):
+            raise ValueError("a request without its environment and three pipes")
     except ValueError:
         for fd in fds:
             os.close(fd)
@@ -151,28 +168,26 @@ def _read_request(connection: socket.socket) -> tuple[dict[str, object], list[in
     return request, fds
 
 
-def _become_worker(request: Mapping[str, object], fds: list[int]) -> int:
-    """In the forked child: take the run's pipes, environment and folder, then run the
-    worker's own main, as `python -m orchestrator.tracking.worker` would."""
-    from orchestrator.tracking import worker
-
-    os.setpgid(0, 0)  # the run's Ctrl-C must not reach it (see client._spawn)
+def _become_helper(request: Mapping[str, Any], fds: list[int]) -> int:
+    """In the forked child: take the run's pipes, environment and folder, then run what the
+    helper's `python -m` runs; its exit code."""
+    os.setpgid(0, 0)  # the run's Ctrl-C is the run's to handle (see tracking/client.py)
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
-    env = request["env"]
-    assert isinstance(env, dict)
     os.environ.clear()
-    os.environ.update({str(k): str(v) for k, v in env.items()})
+    os.environ.update({str(k): str(v) for k, v in request["env"].items()})
     os.chdir(str(request["cwd"]))
-    return worker.main()
+    module = str(request["module"])
+    sys.argv = [module]
+    return int(getattr(importlib.import_module(module), HELPERS[module])())
 
 
 def serve(address: str) -> int:
-    """Import MLflow and the worker, listen at `address`, fork a worker per connection.
-    Ends on SIGTERM or SIGINT, or at the end of its standard input when that is a pipe
-    (the process that started it is gone). Returns the exit code: in a forked child, the
-    worker's."""
+    """Listen at `address`, import what the helpers need (PRELOAD), fork a helper per
+    connection. Ends on SIGTERM or SIGINT, or at the end of its standard input when that is
+    a pipe (the process that started it is gone). Returns the exit code: in a forked child,
+    the helper's."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(address)
@@ -182,18 +197,11 @@ def serve(address: str) -> int:
     finally:
         os.umask(old_umask)
     listener.listen(16)  # bound first: a run that comes early waits in line
-    # what worker.main sets before MLflow's import reads it (the run's environment wins)
-    from orchestrator.tracking.common import HTTP_DEFAULTS
-
-    for name, value in {"MLFLOW_LOGGING_LEVEL": "WARNING", **HTTP_DEFAULTS}.items():
-        os.environ.setdefault(name, value)
-    import mlflow.artifacts  # noqa: F401
-    import mlflow.entities  # noqa: F401
-    import mlflow.tracking  # noqa: F401
-    from mlflow.store.tracking import sqlalchemy_store  # noqa: F401
-
-    import orchestrator.tracking.registry  # noqa: F401
-    import orchestrator.tracking.worker  # noqa: F401
+    for name in PRELOAD:
+        module, _, function = name.partition(":")
+        loaded = importlib.import_module(module)
+        if function:
+            getattr(loaded, function)()
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)
@@ -208,7 +216,7 @@ def serve(address: str) -> int:
     selector.register(wake_read, selectors.EVENT_READ)
     if watch_stdin:
         selector.register(0, selectors.EVENT_READ)
-    children: dict[int, socket.socket] = {}  # worker pid -> its request's connection
+    children: dict[int, socket.socket] = {}  # helper pid -> its request's connection
     in_child = False
     try:
         while not stopping:
@@ -222,11 +230,15 @@ def serve(address: str) -> int:
                     connection, _ = listener.accept()
                     try:
                         request, fds = _read_request(connection)
+                        if request.get("module") not in HELPERS:
+                            for fd in fds:
+                                os.close(fd)
+                            raise ValueError(f"not a helper: {request.get('module')!r}")
                     except (OSError, ValueError):
                         connection.close()
                         continue
                     pid = os.fork()
-                    if pid == 0:  # the worker: nothing of the zygote's loop stays open
+                    if pid == 0:  # the helper: nothing of the zygote's loop stays open
                         in_child = True
                         signal.set_wakeup_fd(-1)
                         for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
@@ -236,7 +248,7 @@ def serve(address: str) -> int:
                             open_socket.close()
                         os.close(wake_read)
                         os.close(wake_write)
-                        return _become_worker(request, fds)
+                        return _become_helper(request, fds)
                     for fd in fds:
                         os.close(fd)
                     children[pid] = connection
@@ -244,7 +256,7 @@ def serve(address: str) -> int:
                         connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
             _reap(children)
     finally:
-        if not in_child:  # a worker leaves the zygote's socket alone
+        if not in_child:  # a helper leaves the zygote's socket alone
             listener.close()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(address)
@@ -252,7 +264,7 @@ def serve(address: str) -> int:
 
 
 def _reap(children: dict[int, socket.socket]) -> None:
-    """Each worker that ended: its status to its run, over its connection."""
+    """Each helper that ended: its status to its run, over its connection."""
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -268,9 +280,9 @@ def _reap(children: dict[int, socket.socket]) -> None:
             connection.close()
 
 
-if __name__ == "__main__":  # python -m orchestrator.tracking.zygote SOCKET
+if __name__ == "__main__":  # python -m orchestrator.zygote SOCKET
     if len(sys.argv) != 2:
-        raise SystemExit("usage: python -m orchestrator.tracking.zygote SOCKET")
+        raise SystemExit("usage: python -m orchestrator.zygote SOCKET")
     exit_code = serve(sys.argv[1])
     import gc
 
