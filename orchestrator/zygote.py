@@ -129,9 +129,8 @@ def fork_module(address: str, module: str, env: Mapping[str, str], text: bool = 
         pid = int(json.loads(answer)["pid"])
     except (OSError, ValueError, KeyError):
         connection.close()
-        for fd in (*to_helper, *from_helper):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        os.close(to_helper[1])  # ours; the helper's ends are closed just below, once
+        os.close(from_helper[0])
         return None
     finally:
         with contextlib.suppress(OSError):  # the helper's ends are its own now
