@@ -164,11 +164,10 @@ class RecipeRun:
         def run(node: Node) -> NodeOutcome:
             return named(node)(node, ref)
 
-        def submit(node: Node, wait_for: list[Any]) -> Any:
+        def submit(node: Node) -> Any:
             if self.own_runner is not None:  # not the flow's runner: submitted to it directly
-                return self.own_runner.submit(named(node), {"node": node, "ref": ref},
-                                              wait_for=wait_for)
-            return named(node).submit(node, ref, wait_for=wait_for)
+                return self.own_runner.submit(named(node), {"node": node, "ref": ref})
+            return named(node).submit(node, ref)
 
         from orchestrator.flow.task_runners import explain_failure
 

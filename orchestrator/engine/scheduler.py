@@ -3,8 +3,10 @@
 One scheduler for every run; what differs is the `Worker` that runs a node:
 - local: one node at a time, in this thread, in the order a reader expects (pipelines in
   recipe order, stages in pipeline order; TensorFlow already uses every core);
-- parallel: each node submitted to a task runner's workers (Dask) as soon as the node that
-  made its input model is submitted, with that node's future to wait for.
+- parallel: each node handed to a task runner's workers (Dask) once the nodes it waits for
+  have finished. Not earlier, with their futures to wait for: Dask places a task where its
+  dependencies' results are, so two siblings waiting for one parent queued on the parent's
+  worker, one after the other, while the other worker stood idle.
 
 A node waits for the node that made its input model: the node before it in its pipeline,
 or, for the first node of a `from:` pipeline, its parent's last transform (the parent's
@@ -13,9 +15,9 @@ before waits for that one, and then finds its result in the store. A guarded pip
 `from:` children are planned only once its guard has chosen its final model (Plan.replan).
 The guard's trials run through the same worker, one after another.
 
-Nothing here knows Prefect or Dask: a parallel worker's `submit(node, wait_for)` returns a
-future with `add_done_callback(fn)` and `result()`, and only node ids and small outcomes
-pass through here.
+Nothing here knows Prefect or Dask: a parallel worker's `submit(node)` returns a future
+with `add_done_callback(fn)` and `result()`, and only node ids and small outcomes pass
+through here.
 """
 
 from __future__ import annotations
@@ -41,12 +43,12 @@ def _unchanged(_node: Node, error: BaseException) -> BaseException:
 @dataclass
 class Worker:
     """Where a node runs. `run(node)` runs it in this thread and returns its outcome;
-    `submit(node, wait_for)`, when given, hands it to parallel workers instead and returns
-    a future. `explain(node, error)` turns the task runner's own failures (a worker that
-    died) into the stage's error and leaves any other error as it is."""
+    `submit(node)`, when given, hands it to parallel workers instead and returns a future.
+    `explain(node, error)` turns the task runner's own failures (a worker that died) into
+    the stage's error and leaves any other error as it is."""
 
     run: Callable[[Node], NodeOutcome]
-    submit: Callable[[Node, list[Any]], Any] | None = None
+    submit: Callable[[Node], Any] | None = None
     explain: Callable[[Node, BaseException], BaseException] = _unchanged
 
     @property
@@ -98,7 +100,7 @@ class _Run:
         self.queued: list[tuple[Node, list[str]]] = []  # local: (node, its dependencies)
         self.first_with_key: dict[str, str] = {}  # cache key -> first node id submitted
         self.producer: dict[str, str] = {}  # model key -> transform node id that makes it
-        self.blocked_by: dict[str, set[str]] = {}  # node id -> unfinished dependencies
+        self.blocked_by: dict[str, set[str]] = {}  # parallel node id -> unfinished dependencies
         self.dependents: dict[str, list[Node]] = {}
         self.left: dict[str, int] = {}  # pipeline -> nodes not finished
         self.finished: set[str] = set()
@@ -157,7 +159,7 @@ class _Run:
         """One node run to its end, its observers told: a guard trial."""
         self.notify("on_node_start", node)
         try:
-            outcome = (self.worker.submit(node, []).result() if self.worker.submit is not None
+            outcome = (self.worker.submit(node).result() if self.worker.submit is not None
                        else self.worker.run(node))
         except BaseException as exc:
             error = self.failed(node, exc)
@@ -202,13 +204,17 @@ class _Run:
         if not self.worker.parallel:  # runs when nothing else does, its dependencies done
             self.queued.append((node, deps))
             return
-        waiting = {d for d in deps if d in self.futures and d not in self.finished}
+        waiting = {d for d in deps if d in self.blocked_by and d not in self.finished}
         self.blocked_by[node.id] = waiting
         for dep in waiting:
             self.dependents.setdefault(dep, []).append(node)
         if not waiting:
-            self.notify("on_node_start", node)
-        future = self.worker.submit(node, [self.futures[d] for d in deps if d in self.futures])
+            self.hand_over(node)
+
+    def hand_over(self, node: Node) -> None:
+        """Parallel: `node`, whose dependencies have finished, to the workers."""
+        self.notify("on_node_start", node)
+        future = self.worker.submit(node)
         self.futures[node.id] = future
         future.add_done_callback(lambda _future, node=node: self.done.put(node))
 
@@ -229,7 +235,7 @@ class _Run:
             blocked = self.blocked_by[dependent.id]
             blocked.discard(node.id)
             if not blocked:
-                self.notify("on_node_start", dependent)
+                self.hand_over(dependent)
         self.left[node.pipeline] -= 1
         if self.left[node.pipeline] == 0:
             self.pipeline_finished(node.pipeline)
