@@ -141,3 +141,25 @@ def test_a_key_named_like_a_pydantic_validator_step_is_an_unknown_key(
     errors = caught.value.errors if isinstance(caught.value, RecipeErrors) else [caught.value]
     unknown = [e for e in errors if f"unknown key '{key}'" in e.message]
     assert len(unknown) == 1 and unknown[0].line == 5, [str(e) for e in errors]
+
+
+def test_a_recipe_with_an_error_and_register_is_reported_without_pydantic_warnings(
+        tmp_path: Path) -> None:
+    """The fields that validate alone are checked one by one; `register` (an alias) once
+    made pydantic warn on stderr, at every load of a recipe with a mistake, that the alias
+    "has no effect in the context it was used". The constraints of the fields still hold:
+    70 pipelines are over the limit."""
+    import warnings
+
+    recipe = tmp_path / "recipe.yaml"
+    pipelines = "".join(f"  p{i}: {{stages: [freeze]}}\n" for i in range(70))
+    recipe.write_text("version: 1\nname: x\nregister: true\nmodel: {path: m.pb}\n"
+                      f"unknown: 1\npipelines:\n{pipelines}")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with pytest.raises(RecipeErrors) as caught:
+            load_recipe(recipe, check_files=False)
+    assert not [str(w.message) for w in seen]
+    found = {(e.field, e.line) for e in caught.value.errors}
+    assert ("unknown", 5) in found and ("pipelines", 6) in found, found
+    assert any("at most 64" in e.message for e in caught.value.errors)

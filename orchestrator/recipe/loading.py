@@ -333,7 +333,11 @@ def _partial_recipe(data: dict[str, Any], exc: ValidationError) -> tuple[Recipe,
                 continue
             value = {k: v for k, v in value.items() if k not in bad[key]}
         try:
-            values[name] = TypeAdapter(Annotated[info.annotation, info]).validate_python(value)
+            # the field's constraints (lengths...), not its FieldInfo: an alias there means
+            # nothing to a TypeAdapter, and pydantic warns about it on every call
+            field_type = (Annotated[(info.annotation, *info.metadata)]  # type: ignore[valid-type]
+                          if info.metadata else info.annotation)
+            values[name] = TypeAdapter(field_type).validate_python(value)
         except ValidationError:
             continue
     recipe = Recipe.model_construct(**values)
