@@ -111,12 +111,15 @@ class ForkedProcess:
             self._pidfd = None
 
 
-def fork_module(address: str, module: str, env: Mapping[str, str], text: bool = True,
+def fork_module(module: str, env: Mapping[str, str], text: bool = True,
                 stderr: int = 2) -> ForkedProcess | None:
-    """`python -m MODULE` (one of HELPERS) forked by the zygote at `address`, with `env`,
-    this process's working directory, pipes to its stdin and stdout (text or bytes) and
-    `stderr` (a file descriptor); None when no zygote answers there (the caller starts the
-    helper itself)."""
+    """`python -m MODULE` (one of HELPERS) forked by the zygote this process's environment
+    names (SOCKET_ENV), with `env`, this process's working directory, pipes to its stdin and
+    stdout (text or bytes) and `stderr` (a file descriptor); None when no zygote is named
+    or none answers there (the caller starts the helper itself)."""
+    address = os.environ.get(SOCKET_ENV)
+    if not address:
+        return None
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     connection.settimeout(ANSWER_TIMEOUT_S)
     to_helper, from_helper = os.pipe(), os.pipe()  # (read, write) each

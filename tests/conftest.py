@@ -76,7 +76,7 @@ def helper_zygote() -> Iterator[str]:
     from orchestrator.zygote import SOCKET_ENV
 
     folder = tempfile.mkdtemp(prefix="orchestrator-zygote-")  # short: a socket path's limit
-    address = os.path.join(folder, "tracking.sock")
+    address = os.path.join(folder, "helpers.sock")
     process = subprocess.Popen([sys.executable, "-m", "orchestrator.zygote", address],
                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                start_new_session=True)

@@ -676,13 +676,11 @@ class _Painter:
         package_root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
-        address = os.environ.get(zygote.SOCKET_ENV)  # a warm process that forks it
-        if address:
-            with open(os.devnull, "wb") as devnull:
-                self.process = zygote.fork_module(address, PAINTER_MODULE, env, text=False,
-                                                  stderr=devnull.fileno())
-            if self.process is not None:
-                return
+        with open(os.devnull, "wb") as devnull:  # a warm process forks it, where one runs
+            self.process = zygote.fork_module(PAINTER_MODULE, env, text=False,
+                                              stderr=devnull.fileno())
+        if self.process is not None:
+            return
         with contextlib.suppress(OSError):  # then the run draws them all itself
             self.process = subprocess.Popen(
                 [sys.executable, "-m", PAINTER_MODULE], env=env,

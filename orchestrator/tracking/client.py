@@ -49,8 +49,7 @@ def _spawn(tracking_uri: str) -> Worker:
     # MLflow prints "View run at <tracking URI>", credentials and all
     env = {**os.environ, "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
            PROBE_ENV: tracking_uri}
-    address = os.environ.get(zygote.SOCKET_ENV)
-    forked = zygote.fork_module(address, WORKER_MODULE, env) if address else None
+    forked = zygote.fork_module(WORKER_MODULE, env)
     if forked is not None:
         return forked
     return subprocess.Popen(
