@@ -9,6 +9,7 @@ exit 70, and nothing written to `-o DIR` or the store's cache.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -415,14 +416,29 @@ def wait_all(runs: Sequence[Started], timeout: float) -> list[int]:
 def start_cli(args: Sequence[str | Path], env: Mapping[str, str], cwd: Path,
               logs: Path) -> Started:
     """`orchestrator ARGS` started in its own session (process group), SIGINT at its
-    default handler; stdout and stderr to files under `logs`."""
+    default handler; stdout and stderr to files under `logs`. Python's faulthandler is on
+    in it, so that a run that hangs can show where (dump_stacks_and_kill)."""
     logs.mkdir(parents=True, exist_ok=True)
     out_path, err_path = logs / "stdout.txt", logs / "stderr.txt"
+    env = {**env, "PYTHONFAULTHANDLER": "1"}
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        process = subprocess.Popen([PYTHON, "-c", _CHILD, *map(str, args)], env=dict(env),
+        process = subprocess.Popen([PYTHON, "-c", _CHILD, *map(str, args)], env=env,
                                    cwd=cwd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                    start_new_session=True, preexec_fn=_preexec(RUN_MEMORY_CAP))
     return Started(process, err_path, out_path, time.monotonic())
+
+
+def dump_stacks_and_kill(run: Started) -> str:
+    """A hung run ended: SIGABRT to each process of its session first, so that
+    faulthandler writes every thread's Python stack to its stderr, then SIGKILL to what is
+    left. Returns the run's stderr, stacks included."""
+    for pid, _ in session_processes(run.process.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGABRT)
+    wait_for(lambda: run.process.poll() is not None, 10, 0.05)
+    kill_group(run.process)
+    run.process.wait()
+    return run.stderr()
 
 
 def session_processes(sid: int) -> list[tuple[int, str]]:

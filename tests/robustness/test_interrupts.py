@@ -30,6 +30,7 @@ from robust_helpers import (
     RUN_TIMEOUT_S,
     Started,
     cache_entries,
+    dump_stacks_and_kill,
     kill_group,
     output_is_whole_or_absent,
     partial_cache_entries,
@@ -92,6 +93,10 @@ def interrupt_when(condition: Callable[[Started], bool], tmp_path: Path, env: di
                 time.sleep(again_s)
                 kill_group(run.process, signal.SIGINT)  # unless it has ended meanwhile
         code = run.process.wait(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        stacks = dump_stacks_and_kill(run)
+        raise AssertionError(f"{name}: still running {RUN_TIMEOUT_S} s after the "
+                             f"interrupt; its threads:\n{stacks[-8000:]}") from None
     except BaseException:
         kill_group(run.process)
         run.process.wait()
@@ -150,7 +155,7 @@ def test_ctrl_c_at_each_phase(digits_example: Path, tmp_path: Path,
             if expect_absent:
                 assert output_is_whole_or_absent(out) == "absent"
         except AssertionError as exc:
-            failures.append(f"{name}: {str(exc)[:1500]}")
+            failures.append(f"{name}: {str(exc)[:9000]}")
 
     def loading(run: Started) -> bool:  # the tracking worker starts as the model loads
         return any("orchestrator.tracking.worker" in cmd
@@ -223,7 +228,7 @@ def test_double_ctrl_c_is_as_quiet_as_one(digits_example: Path, tmp_path: Path,
             assert wait_for(lambda: not load_probes(home), 20, 0.1), (
                 f"load probe processes left: {load_probes(home)}")
         except AssertionError as exc:
-            failures.append(f"{name}: {str(exc)[:1500]}")
+            failures.append(f"{name}: {str(exc)[:9000]}")
     assert not failures, "\n\n".join(failures)
 
 
