@@ -97,14 +97,14 @@ data:
 }
 
 
-def model_files(name: str, work: Path, quick: bool) -> tuple[Path, Path]:
+def model_files(name: str, work: Path) -> tuple[Path, Path]:
     """(model path, data.npz) for `name`, built into `work` once."""
     if name == "digits":
         return DIGITS / "saved_model", DIGITS / "data.npz"
     if name == "xception":  # the model benchmarks/mini_xception.py trains, shared with it
         folder = ROOT / ".orchestrator" / "bench" / "mini_xception" / "model"
         folder.mkdir(parents=True, exist_ok=True)
-        build_model(folder, epochs=1 if quick else None)
+        build_model(folder)
         return folder / "model.keras", folder / "data.npz"
     from onet import build_data
 
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     missed: list[str] = []
     results = {}
     for name in models:
-        model, data = model_files(name, work, args.quick)
+        model, data = model_files(name, work)
         recipe = work / f"{name}.yaml"
         recipe.write_text(MODELS[name].format(model=model, data=data) +
                           PIPELINES.format(bench=bench))
