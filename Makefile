@@ -78,9 +78,11 @@ bench: $(EXAMPLE) $(TEST_STAMP)
 	$(PY) benchmarks/cached_rerun.py
 	$(PY) benchmarks/litert_side_by_side.py
 
-# Every benchmark end to end with small settings (what make test runs, so they cannot rot)
+# Every benchmark end to end with small settings (what make test runs, so they cannot rot;
+# mini_xception.py runs whole, in its acceptance test)
 bench-quick: $(EXAMPLE) $(TEST_STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider tests/test_benchmarks_quick.py
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_benchmarks_quick.py \
+		tests/e2e/test_mini_xception.py
 
 # Re-resolves both locks from pyproject.toml against the package index pip is configured
 # with (pip-tools' pip-compile reads pip's configuration), for this Python (3.11) on Linux

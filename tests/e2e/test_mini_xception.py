@@ -4,14 +4,18 @@ int8 = quantize_weights, quantize_nodes {guard: true}, log_ranges, freeze_ranges
 `min_fidelity: 0.98` budget must ship at most 0.35 of fp32's bytes and agree with fp32's
 top-1 on at least 98% of the test images, within the guard's default trials.
 
-The run is benchmarks/mini_xception.py's own: the model trained seeded in a subprocess
-(tests/e2e/models_xception.py), the recipe run by the real console script in a fresh
-process with its own store, Prefect server and MLflow database.
+The run is benchmarks/mini_xception.py's, whole: its `main` (not --quick: the acceptance
+judged), which builds the model seeded in a subprocess (tests/e2e/models_xception.py) and
+runs the recipe with the real console script in a fresh process, with its own store and
+MLflow database (and the session's Prefect server). test_benchmarks_quick.py leaves this
+script to this test.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
 import sys
 from collections import Counter
@@ -43,18 +47,26 @@ def bench() -> Any:
 
 
 @pytest.fixture(scope="module")
-def xception_run(bench: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def xception_run(bench: Any, tmp_path_factory: pytest.TempPathFactory, prefect_server: None
+                 ) -> dict[str, Any]:
+    from prefect.settings import PREFECT_API_URL
+
     work = tmp_path_factory.mktemp("mini_xception")
-    facts = bench.build_model(work / "model")
-    print(f"mini-Xception: keras test accuracy {facts['accuracy']:.4f}, "
-          f"params {facts['params']:,.0f}, trained in {facts['train_seconds']} s")
-    recipe = work / "recipe.yaml"
-    recipe.write_text(bench.RECIPE.format(min_fidelity=bench.MIN_AGREEMENT))
-    code, report, console, seconds = bench.run_recipe(bench.default_cli(), recipe,
-                                                      work / "out", work)
-    print(f"orchestrator run: exit {code} after {seconds:.0f} s\n{console}")
-    return {"facts": facts, "code": code, "report": report, "out": work / "out",
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as env, contextlib.redirect_stdout(printed):
+        env.setenv("PREFECT_API_URL", str(PREFECT_API_URL.value()))  # the run's subprocess
+        verdict = bench.main(["--work", str(work)])
+    print(printed.getvalue())
+    report_file = work / "out" / "report.json"
+    return {"facts": json.loads((work / "model" / "facts.json").read_text()),
+            "verdict": verdict, "printed": printed.getvalue(), "out": work / "out",
+            "report": json.loads(report_file.read_text()) if report_file.is_file() else None,
             "data": work / "model" / "data.npz"}
+
+
+def test_the_benchmark_passes_and_prints_its_table(xception_run: dict[str, Any]) -> None:
+    assert "| top-1 agreement int8 vs fp32" in xception_run["printed"]
+    assert xception_run["verdict"] == 0, xception_run["printed"][-3000:]  # PASS
 
 
 def _load(folder: Path) -> Any:
@@ -80,7 +92,7 @@ def test_run_finishes_and_the_budget_holds(xception_run: dict[str, Any]) -> None
     assert xception_run["report"] is not None, "no report.json"
     int8 = xception_run["report"]["variants"]["int8"]
     print("int8 targets:", json.dumps(int8["targets"]))
-    assert xception_run["code"] == 0, int8["targets"]
+    assert "exit 0 after" in xception_run["printed"], int8["targets"]
     assert int8["targets"]["phone"]["budgets_ok"], int8["targets"]["phone"]["violations"]
     # which passing variant ships is the estimate's call (the int8 graph runs 2-3x the
     # nodes of fp32, each a TF session cost on the phone): the selection rule holds
