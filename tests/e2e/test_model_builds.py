@@ -21,11 +21,15 @@ SHORT = {"epochs": 1, "train": 256}
 
 @pytest.fixture(scope="module")
 def two_builds(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Path, dict]]:
+    """Two builds at once; the first a recording one (it trains too, and commits its
+    weights in the folder `weights` beside them), which test_committed_weights_... loads."""
     root = tmp_path_factory.mktemp("model_builds")
     folders = [root / "first", root / "second"]
     with ThreadPoolExecutor(2) as pool:
         facts = list(pool.map(lambda folder: model_builds.build(
-            "models_conv1d", folder, timeout=300, **SHORT), folders))
+            "models_conv1d", folder, timeout=300, **SHORT, **(
+                {"record": True, "trained": root / "weights"} if folder == folders[0]
+                else {})), folders))
     return list(zip(folders, facts, strict=True))
 
 
@@ -43,13 +47,13 @@ def test_committed_weights_give_the_trained_model(two_builds: list[tuple[Path, d
                                                  tmp_path: Path) -> None:
     """What the suite's builds rely on (model_builds.fit): weights committed by a recording
     build, loaded by the next one, make the model training made, bit for bit."""
-    (_, trained), _ = two_builds
-    recorded = model_builds.build("models_conv1d", tmp_path / "record", timeout=300,
-                                  record=True, trained=tmp_path / "weights", **SHORT)
-    assert len(list((tmp_path / "weights").glob("*.weights.h5"))) == 1
+    (first, recorded), (_, trained) = two_builds
+    weights = first.parent / "weights"
+    assert len(list(weights.glob("*.weights.h5"))) == 1
     loaded = model_builds.build("models_conv1d", tmp_path / "load", timeout=300,
-                                trained=tmp_path / "weights", **SHORT)
-    assert (recorded["weights"], loaded["weights"]) == ("trained", "committed")
+                                trained=weights, **SHORT)
+    assert (recorded["weights"], trained["weights"], loaded["weights"]) == \
+        ("trained", "trained", "committed")
     for facts in (recorded, loaded):
         assert {k: v for k, v in facts.items() if k != "weights"} == \
             {k: v for k, v in trained.items() if k != "weights"}
