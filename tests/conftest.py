@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,44 @@ def prefect_server() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def _warm_process(module: list[str], socket_name: str, env_name: str) -> Iterator[str]:
+    """`python -m MODULE... SOCKET` for the session, answering on SOCKET (in a short
+    private folder: a socket path's limit), named to every run in `env_name`; it ends at
+    the end of its stdin."""
+    import shutil
+    import subprocess
+    import tempfile
+    import time
+
+    folder = tempfile.mkdtemp(prefix="orchestrator-warm-")
+    address = os.path.join(folder, socket_name)
+    log = open(os.path.join(folder, "log"), "wb")  # noqa: SIM115 (closed below)
+    process = subprocess.Popen([sys.executable, "-m", *module, address],
+                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log,
+                               start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(address) and process.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert os.path.exists(address), (f"{' '.join(module)} did not start ({process.poll()}): "
+                                     f"{Path(folder, 'log').read_text()[-2000:]}")
+    os.environ[env_name] = address
+    try:
+        yield address
+    finally:
+        os.environ.pop(env_name, None)
+        assert process.stdin is not None
+        process.stdin.close()  # its loop ends at the end of its input
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def helper_zygote() -> Iterator[str]:
     """One warm process per session (xdist: per worker) that forks the runs' helpers. Every
@@ -68,36 +107,25 @@ def helper_zygote() -> Iterator[str]:
     of CPU per run, some 150 runs. Tests that build a clean environment (the
     robustness ones) start their workers the ordinary way; test_tracking_worker.py runs the
     worker both ways."""
-    import shutil
-    import subprocess
-    import tempfile
-    import time
-
     from orchestrator.zygote import SOCKET_ENV
 
-    folder = tempfile.mkdtemp(prefix="orchestrator-zygote-")  # short: a socket path's limit
-    address = os.path.join(folder, "helpers.sock")
-    process = subprocess.Popen([sys.executable, "-m", "orchestrator.zygote", address],
-                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                               start_new_session=True)
-    deadline = time.monotonic() + 60
-    while not os.path.exists(address) and process.poll() is None \
-            and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert os.path.exists(address), f"the helper zygote did not start ({process.poll()})"
-    os.environ[SOCKET_ENV] = address
-    try:
+    with _warm_process(["orchestrator.zygote"], "helpers.sock", SOCKET_ENV) as address:
         yield address
-    finally:
-        os.environ.pop(SOCKET_ENV, None)
-        assert process.stdin is not None
-        process.stdin.close()  # its loop ends at the end of its input
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def load_probe_zygote() -> Iterator[str]:
+    """One load probe for the session (xdist: per worker), on the socket a run's Dask
+    workers are given (orchestrator/measure/load_probe.py, SOCKET_ENV): every run of the
+    session measures load time and memory in children it forks, as it would in children
+    of its own probe, without importing TensorFlow and LiteRT in a probe of its own (about
+    2 s of CPU per run that benchmarks a model, some 50 runs). The robustness tests' clean
+    environments leave it out: their runs start their own."""
+    from orchestrator.measure.load_probe import SOCKET_ENV
+
+    with _warm_process(["orchestrator.measure.load_probe", "--zygote"], "probe.sock",
+                       SOCKET_ENV) as address:
+        yield address
 
 
 @pytest.fixture(params=["forked", "own process"])

@@ -19,6 +19,13 @@ from orchestrator.stages import get_stage
 MB = 1024 * 1024
 
 
+@pytest.fixture(autouse=True)
+def own_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe a run starts for itself: not the session's shared one (conftest's
+    load_probe_zygote), which the socket tests below stand in for themselves."""
+    monkeypatch.delenv(load_probe.SOCKET_ENV, raising=False)
+
+
 def measure(artifact: ModelArtifact, keys: object = None) -> dict:
     return load_probe.measure_artifact(artifact, keys, [s.to_json() for s in artifact.inputs],
                                        list(artifact.outputs))
