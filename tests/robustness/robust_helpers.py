@@ -27,6 +27,9 @@ from typing import Any
 
 import yaml
 
+from orchestrator import zygote
+from orchestrator.measure import load_probe
+
 ROOT = Path(__file__).resolve().parents[2]
 DIGITS = ROOT / "examples" / "digits"
 RECIPES = ROOT / "recipes"
@@ -213,15 +216,23 @@ _CHILD = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_h
           "console_main()")
 
 
+# the sockets of the session's warm processes: the helpers' zygote, the load probe
+SESSION_HELPERS = (zygote.SOCKET_ENV, load_probe.SOCKET_ENV)
+
+
+def without_session_helpers(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` for a run that starts its own tracking worker, drawing process and load
+    probe, as a run anywhere else does (what an interrupt must end with the run)."""
+    return {k: v for k, v in env.items() if k not in SESSION_HELPERS}
+
+
 def base_env(home: Path, tracking_uri: str | None, prefect_api_url: str | None,
              **extra: str) -> dict[str, str]:
     """A subprocess environment with its own store and tracking, C.UTF-8 and UTC; the
-    session's helper zygote kept (tests/conftest.py: helper_zygote), unless a test
-    needs the run's own worker process (it removes SOCKET_ENV)."""
-    from orchestrator.zygote import SOCKET_ENV
-
-    env = {k: v for k, v in os.environ.items()
-           if k == SOCKET_ENV or not k.startswith(("PREFECT_API", "MLFLOW_", "ORCHESTRATOR_"))}
+    session's warm processes kept (tests/conftest.py: helper_zygote, load_probe_zygote),
+    unless a test needs the run's own (without_session_helpers)."""
+    env = {k: v for k, v in os.environ.items() if k in SESSION_HELPERS
+           or not k.startswith(("PREFECT_API", "MLFLOW_", "ORCHESTRATOR_"))}
     env.update(LC_ALL="C.UTF-8", LANG="C.UTF-8", TZ="UTC", PYTHONUNBUFFERED="1",
                PYTHONDONTWRITEBYTECODE="1", ORCHESTRATOR_HOME=str(home),
                TF_CPP_MIN_LOG_LEVEL="2", PREFECT_SERVER_ANALYTICS_ENABLED="false",

@@ -37,6 +37,7 @@ from robust_helpers import (
     session_processes,
     start_cli,
     wait_for,
+    without_session_helpers,
     write_yaml,
 )
 
@@ -72,11 +73,9 @@ def interrupt_when(condition: Callable[[Started], bool], tmp_path: Path, env: di
     """Start a run; once `condition` holds (and `delay_s` more), SIGINT its process group
     (and, with `again_s`, once more that much later: a double Ctrl-C). Returns (exit
     code, stderr, whether the signal was sent while it ran)."""
-    from orchestrator.zygote import SOCKET_ENV
-
     # the run's own tracking worker, a child whose start marks the loading phase (and
-    # which the interrupt must end with the run), not one forked by the session's zygote
-    env = {k: v for k, v in env.items() if k != SOCKET_ENV}
+    # which the interrupt must end with the run), and its own load probe, not the session's
+    env = without_session_helpers(env)
     run = start_cli(["run", recipe(tmp_path), "-o", tmp_path / "out"], env, tmp_path,
                     tmp_path / name)
     sent = False
@@ -245,7 +244,8 @@ def test_ctrl_c_while_the_command_exits(digits_example: Path, tmp_path: Path,
     logs = tmp_path / "logs"
     logs.mkdir()
     with open(logs / "out", "wb") as out, open(logs / "err", "wb") as err:
-        process = subprocess.Popen([sys.executable, "-c", child], env=load_env, cwd=tmp_path,
+        process = subprocess.Popen([sys.executable, "-c", child],
+                                   env=without_session_helpers(load_env), cwd=tmp_path,
                                    stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                    start_new_session=True)
     try:
