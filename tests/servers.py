@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from s3_server import S3Server, free_port
@@ -57,6 +58,18 @@ def _tail(path: Path, chars: int = 2000) -> str:
 # ---- PostgreSQL --------------------------------------------------------------------------
 
 
+def _pgserver_commands() -> ModuleType:
+    """pgserver's command wrappers. Importing pgserver asks platformdirs for the user's
+    runtime folder (a lock file we do not use: we run pg_ctl ourselves), which warns
+    where XDG_RUNTIME_DIR is unset, as under CI: that warning is not ours to show."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+        from pgserver import _commands
+    return _commands
+
+
 @dataclass
 class Postgres:
     """A PostgreSQL cluster listening on 127.0.0.1:`port` (and a unix socket in its data
@@ -75,14 +88,13 @@ class Postgres:
         return f"{driver}://{PG_USER}@127.0.0.1:{self.port}/{database}"
 
     def _run(self, command: str, *args: str) -> None:
-        from pgserver import _commands
-
+        _commands = _pgserver_commands()
         getattr(_commands, command)(list(args), pgdata=self.data, user=self.user,
                                     timeout=START_TIMEOUT_S)
 
     def init(self) -> Postgres:
         try:
-            from pgserver._commands import POSTGRES_BIN_PATH
+            POSTGRES_BIN_PATH = _pgserver_commands().POSTGRES_BIN_PATH  # noqa: N806
         except ImportError as exc:
             raise ServerStartError(f"PostgreSQL: pgserver is not installed ({exc})") from exc
         if not (POSTGRES_BIN_PATH / "postgres").is_file():
