@@ -57,6 +57,25 @@ def test_recipe_block_and_command_line_on_top(tmp_path: Path) -> None:
     assert kwargs["processes"] is False and "preload" not in kwargs
 
 
+def test_two_runs_clusters_at_once_start_without_a_port_warning(tmp_path: Path) -> None:
+    """Two runs' LocalClusters side by side (threads: the cheapest), from the arguments a
+    run gives Dask: each scheduler on ports of its own, nothing on the console about 8787."""
+    import warnings
+
+    from distributed import LocalCluster
+
+    threads = load_recipe(recipe_with(tmp_path, "{executor: dask, processes: false}"))
+    kwargs = {**task_runners.task_runner(task_runners.resolve(threads)).cluster_kwargs,
+              "n_workers": 1}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with LocalCluster(**kwargs) as first, LocalCluster(**kwargs) as second:
+            ports = {first.scheduler.http_server.port, second.scheduler.http_server.port}
+    assert len(ports) == 2 and 8787 not in ports
+    assert not [w for w in caught if "already in use" in str(w.message)], \
+        [str(w.message) for w in caught]
+
+
 def test_address_or_workers_not_both(tmp_path: Path) -> None:
     with pytest.raises(RecipeError, match="not both"):
         load_recipe(recipe_with(tmp_path, "{executor: dask, workers: 2, address: "

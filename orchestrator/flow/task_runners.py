@@ -114,7 +114,11 @@ def task_runner(execution: Execution) -> Any | None:
     kwargs: dict[str, Any] = {
         "threads_per_worker": execution.threads_per_worker,
         "processes": execution.processes,
-        "dashboard_address": None,  # no fixed port to clash with another run's cluster
+        # no dashboard; and its scheduler's HTTP routes (health, metrics), which Dask serves
+        # on 8787 even without one, on a free port: a second run's cluster at the same time
+        # warned "Port 8787 is already in use" on the user's console
+        "dashboard_address": None,
+        "scheduler_kwargs": {"dashboard_address": ":0"},
         "silence_logs": logging.CRITICAL,
         }
     if execution.processes:

@@ -109,6 +109,7 @@ def cluster(request: pytest.FixtureRequest, prefect_api_url: str, tmp_path: Path
            "ORCHESTRATOR_MODEL_KEY": os.environ["ORCHESTRATOR_MODEL_KEY"]}
     with dask.config.set(settings), LocalCluster(
             n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+            scheduler_kwargs={"dashboard_address": ":0"},  # as a run's (task_runners.py)
             silence_logs=logging.ERROR, env=env, preload=["orchestrator.flow.dask_preload"]
             ) as local, Client(local) as client:
         yield local, client
