@@ -104,9 +104,9 @@ def helper_zygote() -> Iterator[str]:
     run of the session, in this process or in a CLI subprocess that inherits its
     environment, forks its tracking worker and its drawing process from it
     (orchestrator.zygote) instead of importing MLflow and matplotlib anew: about 3 s and 1 s
-    of CPU per run, some 150 runs. Tests that build a clean environment (the
-    robustness ones) start their workers the ordinary way; test_tracking_worker.py runs the
-    worker both ways."""
+    of CPU per run, some 150 runs. The robustness tests' clean environments keep it
+    (robust_helpers.base_env); the interrupt tests take it away, so that their runs start
+    their workers the ordinary way; test_tracking_worker.py runs the worker both ways."""
     from orchestrator.zygote import SOCKET_ENV
 
     with _warm_process(["orchestrator.zygote"], "helpers.sock", SOCKET_ENV) as address:
@@ -119,8 +119,9 @@ def load_probe_zygote() -> Iterator[str]:
     workers are given (orchestrator/measure/load_probe.py, SOCKET_ENV): every run of the
     session measures load time and memory in children it forks, as it would in children
     of its own probe, without importing TensorFlow and LiteRT in a probe of its own (about
-    2 s of CPU per run that benchmarks a model, some 50 runs). The robustness tests' clean
-    environments leave it out: their runs start their own."""
+    2 s of CPU per run that benchmarks a model, some 50 runs). The robustness tests keep it
+    too; the interrupt tests and test_load_probe.py take it away: their runs start their
+    own, whose end they check."""
     from orchestrator.measure.load_probe import SOCKET_ENV
 
     with _warm_process(["orchestrator.measure.load_probe", "--zygote"], "probe.sock",
