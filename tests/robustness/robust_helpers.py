@@ -99,8 +99,10 @@ def line_of(text: str, needle: str, occurrence: int = 1) -> int:
 
 
 def mentions_number(text: str, number: int) -> bool:
-    """Whether `text` names `number` (as 1000000, 1,000,000 or 1_000_000)."""
-    return any(form in text for form in (str(number), f"{number:,}", f"{number:_}"))
+    """Whether `text` names `number` (as 1000000, 1,000,000 or 1_000_000) as a whole
+    number: 32 is not named by 132, which a temporary path such as pytest-132 holds."""
+    forms = "|".join(re.escape(form) for form in (str(number), f"{number:,}", f"{number:_}"))
+    return re.search(rf"(?<!\d)(?<!\d[,_])(?:{forms})(?!\d|[,_]\d)", text) is not None
 
 
 # ---------------------------------------------------------------- file system state
