@@ -63,11 +63,12 @@ demo: $(EXAMPLE) $(DEMO_KEY)
 
 # The import layers first (docs/architecture.md; contracts in pyproject.toml), then the
 # suite on every core (pytest-xdist: a test file's tests stay in one worker, which keeps its
-# module's model and servers to itself); it ends with the 15 slowest tests, so that each
-# change sees what it costs
+# module's model and servers to itself; the files in the order tests/conftest.py gives them,
+# longest first, which xdist would otherwise replace by the number of tests in a file); it
+# ends with the 15 slowest tests, so that each change sees what it costs
 test: $(TEST_STAMP) $(EXAMPLE)  # the install first: on a fresh clone it makes the demo's too
 	$(VENV)/bin/lint-imports --no-logo --no-cache
-	$(PY) -m pytest -q -n auto --dist loadfile --durations=15
+	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=15
 
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check orchestrator tests examples benchmarks

@@ -172,29 +172,36 @@ def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mlflow_template: 
 
 # Test files that take minutes (a trained model, a guard search, servers), longest first, as
 # the suite's --durations measured them on the project's 2-core machine. pytest-xdist hands
-# out whole files in collection order (`make test`: --dist loadfile), so these start first
+# out whole files in collection order (`make test`: --dist loadfile --no-loadscope-reorder;
+# without the latter it orders files by their number of tests), so these start first
 # and the short files fill in around them, instead of a long file starting last and running
 # alone at the end.
 LONGEST_FIRST = (
+    "test_prefect_server.py",
     "e2e/test_guard_photo_xception.py",
     "test_benchmarks_quick.py",
     "robustness/test_server_faults.py",
     "e2e/test_scale_out.py",
-    "robustness/test_dask_faults.py",
-    "e2e/test_dask.py",
     "robustness/test_object_store_faults.py",
-    "robustness/test_disks.py",
-    "test_prefect_server.py",
-    "robustness/test_concurrency.py",
-    "robustness/test_interrupts.py",
     "e2e/test_deploy.py",
+    "e2e/test_dashboards.py",
+    "robustness/test_interrupts.py",
+    "robustness/test_fuzz_recipes.py",
+    "test_gate.py",
+    "robustness/test_unsafe_names.py",
+    "e2e/test_conv1d_heads.py",
+    "test_plots.py",
     "e2e/test_mini_xception.py",
-    "e2e/test_digits.py",
-    "e2e/test_bad_inputs.py",
+    "e2e/test_loading_doc.py",
+    "e2e/test_dask.py",
+    "robustness/test_dask_faults.py",
     "e2e/test_retrain_to_deploy.py",
     "e2e/test_model_builds.py",
-    "e2e/test_audio_frontend.py",
-    "e2e/test_conv1d_heads.py",
+    "robustness/test_concurrency.py",
+    "e2e/test_separable_int8.py",
+    "robustness/test_output_folder.py",
+    "test_warm_up.py",
+    "e2e/test_digits.py",
 )
 
 
