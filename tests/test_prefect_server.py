@@ -77,7 +77,7 @@ def test_second_run_attaches_and_server_exits_when_idle(home: Path) -> None:
     wait_for(lambda: not pid_alive(first.pid), "the idle server to exit")
     assert not (home / STATE_FILE).exists(), "an exited server left its record"
 
-    third = start(home, idle_s=1.0)  # a new server, since the last one is gone
+    third = begin(home, idle_s=1.0)  # a new server, since the last one is gone
     assert third.started_here and third.pid != first.pid
     third.release()
 
