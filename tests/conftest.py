@@ -177,10 +177,10 @@ def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mlflow_template: 
 # and the short files fill in around them, instead of a long file starting last and running
 # alone at the end.
 LONGEST_FIRST = (
-    "test_prefect_server.py",
     "e2e/test_guard_photo_xception.py",
     "test_benchmarks_quick.py",
     "robustness/test_server_faults.py",
+    "test_prefect_server.py",
     "e2e/test_scale_out.py",
     "robustness/test_object_store_faults.py",
     "e2e/test_deploy.py",
