@@ -170,12 +170,12 @@ def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mlflow_template: 
     return tmp_path
 
 
-# Test files that take minutes (a trained model, a guard search, servers), longest first, as
-# the suite's --durations measured them on the project's 2-core machine. pytest-xdist hands
-# out whole files in collection order (`make test`: --dist loadfile --no-loadscope-reorder;
-# without the latter it orders files by their number of tests), so these start first
-# and the short files fill in around them, instead of a long file starting last and running
-# alone at the end.
+# Test files that take minutes (a trained model, a guard search, servers), longest first, by
+# the time each file took in a run of the whole suite on the project's 2-core machine.
+# pytest-xdist hands out whole files in collection order (`make test`: --dist loadfile
+# --no-loadscope-reorder; without the latter it orders files by their number of tests), so
+# these start first and the short files fill in around them, instead of a long file
+# starting last and running alone at the end.
 LONGEST_FIRST = (
     "e2e/test_guard_photo_xception.py",
     "test_benchmarks_quick.py",
