@@ -89,6 +89,39 @@ def test_interrupt_that_a_library_wraps_exits_130(monkeypatch: pytest.MonkeyPatc
     assert "internal error: ValueError: a real bug" in capsys.readouterr().err
 
 
+@pytest.mark.usefixtures("default_sigint")  # also when run with SIGINT ignored
+def test_a_ctrl_c_while_logging_holds_its_lock_comes_once_it_is_let_go(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A KeyboardInterrupt raised inside logging's critical section would leave its lock
+    held, and every other thread that logs would then hang (a run's Prefect threads did, in
+    test_interrupts). The Ctrl-C is delivered again once the lock is free."""
+    import logging
+    import signal
+    import threading
+    import time
+
+    steps: list[str] = []
+
+    def interrupted_inside_logging(args: object) -> int:
+        with logging._lock:  # type: ignore[attr-defined]  # the module's lock, as a handler takes it
+            signal.raise_signal(signal.SIGINT)  # the handler runs here, with the lock held
+            steps.append("the lock was let go by its holder")
+        other = threading.Thread(target=logging.getLogger("elsewhere").info, args=("x",))
+        other.start()
+        other.join(timeout=30)
+        steps.append("another thread logged" if not other.is_alive() else "another thread hung")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the Ctrl-C comes again, now as KeyboardInterrupt
+            time.sleep(0.01)
+        return 0
+
+    monkeypatch.setattr(run_commands, "cmd_validate", interrupted_inside_logging)
+    assert cli.main(["validate", "any.yaml"]) == 130
+    assert steps == ["the lock was let go by its holder", "another thread logged"]
+    assert "interrupted" in capsys.readouterr().err
+    assert not logging._lock._is_owned()  # type: ignore[attr-defined]
+
+
 def test_a_run_started_with_sigint_ignored_leaves_it_ignored(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A background job (nohup, `cmd &` from a script) inherits SIGINT ignored: the CLI

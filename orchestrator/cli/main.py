@@ -89,6 +89,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# how soon a Ctrl-C that came while logging held a lock is delivered again
+_INTERRUPT_RETRY_S = 0.01
+
+
+def _holds_a_logging_lock() -> bool:
+    """Whether this thread holds logging's module lock or one of its handlers' locks."""
+    locks = [getattr(logging, "_lock", None)]
+    locks += [getattr(ref(), "lock", None) for ref in list(getattr(logging, "_handlerList", []))]
+    return any(lock is not None and getattr(lock, "_is_owned", lambda: False)()
+               for lock in locks)
+
+
 @contextmanager
 def _interrupts_noted() -> Iterator[Callable[[], bool]]:
     """Remember Ctrl-C while a command runs: some libraries wrap the KeyboardInterrupt it
@@ -103,6 +115,15 @@ def _interrupts_noted() -> Iterator[Callable[[], bool]]:
 
     def on_interrupt(signum: int, frame: FrameType | None) -> None:
         seen.append(signum)
+        if _holds_a_logging_lock():
+            # Python runs this handler right after a C call returns, which can be the lock's
+            # acquire() in logging, before its try/finally: raising there leaves the lock
+            # held, and every other thread that logs (Prefect's, as it reports the crash)
+            # waits forever. Ask again once the lock is let go.
+            again = threading.Timer(_INTERRUPT_RETRY_S, os.kill, (os.getpid(), signum))
+            again.daemon = True
+            again.start()
+            return
         signal.default_int_handler(signum, frame)
 
     signal.signal(signal.SIGINT, on_interrupt)
