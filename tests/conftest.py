@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import prefect_session_server
 import pytest
 from project_env import new_mlflow_database
 
@@ -51,13 +52,85 @@ def default_sigint() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """On xdist's controlling process: start the session's one Prefect server, which its
+    workers share (prefect_session_server), before it starts them (they inherit the
+    variables that name it)."""
+    if (hasattr(config, "workerinput") or not config.getoption("numprocesses", None)
+            or os.environ.get(prefect_session_server.SHARED_URL_ENV)):
+        return
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="orchestrator-prefect-"))
+    process, url = prefect_session_server.start(folder)
+    config.stash[_SHARED_PREFECT] = (process, folder)
+    os.environ[prefect_session_server.SHARED_URL_ENV] = url
+    os.environ[prefect_session_server.SHARED_LOG_ENV] = str(folder / "server.log")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shared = config.stash.get(_SHARED_PREFECT, None)
+    if shared is not None:
+        import shutil
+
+        process, folder = shared
+        prefect_session_server.stop(process)
+        shutil.rmtree(folder, ignore_errors=True)
+        for name in (prefect_session_server.SHARED_URL_ENV,
+                     prefect_session_server.SHARED_LOG_ENV):
+            os.environ.pop(name, None)
+
+
+_SHARED_PREFECT = pytest.StashKey[tuple]()
+
+
 @pytest.fixture(scope="session")
 def prefect_server() -> Iterator[None]:
-    """One temporary Prefect server for the whole session (it takes ~15 s to start)."""
-    from prefect.testing.utilities import prefect_test_harness
+    """One temporary Prefect server for the whole session (it takes ~15 s to start): with
+    xdist, the one its controlling process started for every worker; else
+    prefect_test_harness's. Either way this process's Prefect client points at it."""
+    url = os.environ.get(prefect_session_server.SHARED_URL_ENV)
+    if not url:
+        from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
+        with prefect_test_harness(server_startup_timeout=120):
+            yield
+        return
+    import prefect.context
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    prefect_session_server.wait_until_ready(
+        url, os.environ.get(prefect_session_server.SHARED_LOG_ENV, ""))
+    # as the harness does: the settings, also as the process-wide context (for code whose
+    # context was copied before this fixture), and its logs and events sent at the end
+    with temporary_settings(updates={PREFECT_API_URL: url}), \
+            prefect.context._temporary_global_settings_context(  # noqa: SLF001
+                prefect.context.get_settings_context()):
         yield
+        _send_what_prefect_holds()
+
+
+def _send_what_prefect_holds() -> None:
+    """Prefect's log and event workers send in batches: what they hold goes to the server
+    before this worker ends (as prefect_test_harness does before it stops its server)."""
+    import inspect
+
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    async def drain() -> None:
+        try:
+            result = APILogWorker.instance().drain()
+            if inspect.isawaitable(result):
+                await result
+        except RuntimeError:  # never started
+            pass
+        result = EventsWorker.drain_all()
+        if inspect.isawaitable(result):
+            await result
+
+    run_coro_as_sync(drain())
 
 
 @contextmanager

@@ -60,7 +60,7 @@ def fp32_run(tmp_path_factory: pytest.TempPathFactory, digits_example: Path,
         with contextlib.redirect_stdout(out):
             code = main(["run", str(recipe), "--variant", "fp32", "--set",
                          "description=flow test"])
-        flow_run = _read_flow_run("digits-cnn@")
+        flow_run = _read_flow_run("digits-cnn@", recipe)
     return {"project": project, "cwd": cwd, "recipe": recipe, "code": code,
             "stdout": out.getvalue(), "flow_run": flow_run}
 
@@ -80,8 +80,9 @@ def test_run_from_another_directory_writes_only_into_the_project(fp32_run: dict)
     assert "orchestrator ui" in out
 
 
-def _read_flow_run(name_prefix: str) -> tuple[object, list, list]:
-    """The newest flow run whose name starts with `name_prefix`, its task runs and logs
+def _read_flow_run(name_prefix: str, recipe: Path) -> tuple[object, list, list]:
+    """The newest flow run of `recipe` (xdist's workers share the session's server) whose
+    name starts with `name_prefix`, its task runs and logs
     (the log worker sends in batches: wait for the stage lines to arrive)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
@@ -92,8 +93,9 @@ def _read_flow_run(name_prefix: str) -> tuple[object, list, list]:
     from prefect.client.schemas.sorting import FlowRunSort
 
     with get_client(sync_client=True) as client:
-        runs = [r for r in client.read_flow_runs(sort=FlowRunSort.START_TIME_DESC, limit=50)
-                if r.name.startswith(name_prefix)]
+        runs = [r for r in client.read_flow_runs(sort=FlowRunSort.START_TIME_DESC, limit=200)
+                if r.name.startswith(name_prefix)
+                and r.parameters.get("recipe") == str(recipe)]
         assert runs, f"no flow run named {name_prefix}..."
         run = runs[0]
         tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [run.id]}))
