@@ -122,6 +122,23 @@ def test_a_ctrl_c_while_logging_holds_its_lock_comes_once_it_is_let_go(
     assert not logging._lock._is_owned()  # type: ignore[attr-defined]
 
 
+def test_a_ctrl_c_as_the_command_ends_is_quiet(monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A Ctrl-C can come as the command's own handler is being taken away (the command has
+    returned): exit 130 and one line, not a traceback (test_interrupts met it)."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def interrupted_on_the_way_out():  # noqa: ANN202
+        yield lambda: False
+        raise KeyboardInterrupt  # where signal.signal() restores Python's own handler
+
+    monkeypatch.setattr(cli, "_interrupts_noted", interrupted_on_the_way_out)
+    monkeypatch.setattr(run_commands, "cmd_validate", lambda args: 0)
+    assert cli.main(["validate", "any.yaml"]) == 130
+    assert capsys.readouterr().err == "interrupted\n"
+
+
 def test_a_run_started_with_sigint_ignored_leaves_it_ignored(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A background job (nohup, `cmd &` from a script) inherits SIGINT ignored: the CLI

@@ -139,6 +139,15 @@ def main(argv: list[str] | None = None) -> int:
     interrupted."""
     args = build_parser().parse_args(argv)
     configure_logging()
+    try:
+        return _run_noting_interrupts(args)
+    except KeyboardInterrupt:  # a Ctrl-C as the command ended, while its handler was
+        print("interrupted", file=sys.stderr)  # being taken away: still quiet
+        return 130
+
+
+def _run_noting_interrupts(args: argparse.Namespace) -> int:
+    """The command, with its errors turned into exit codes and messages."""
     with _interrupts_noted() as interrupted:
         try:
             return args.fn(args)
