@@ -66,6 +66,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_SHARED_PREFECT] = (process, folder)
     os.environ[prefect_session_server.SHARED_URL_ENV] = url
     os.environ[prefect_session_server.SHARED_LOG_ENV] = str(folder / "server.log")
+    os.environ[prefect_session_server.TEMPLATE_ENV] = str(folder / "template.db")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -77,7 +78,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         prefect_session_server.stop(process)
         shutil.rmtree(folder, ignore_errors=True)
         for name in (prefect_session_server.SHARED_URL_ENV,
-                     prefect_session_server.SHARED_LOG_ENV):
+                     prefect_session_server.SHARED_LOG_ENV,
+                     prefect_session_server.TEMPLATE_ENV):
             os.environ.pop(name, None)
 
 
@@ -288,3 +290,37 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return rank.get(relative, len(rank))
 
     items.sort(key=file_rank)  # stable: tests keep their order within a file
+
+
+# Test files that share one expensive thing a worker starts for them: xdist hands each
+# group to one worker as one unit (else each worker running one of them would start its own)
+SAME_WORKER = {
+    # tests/servers.py's stack: PostgreSQL, S3, Prefect and MLflow servers
+    "tests/robustness/test_server_faults.py": "scale-out stack",
+    "tests/e2e/test_scale_out.py": "scale-out stack",
+}
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """`--dist loadfile` with the files of SAME_WORKER each given out as one unit."""
+    if config.getoption("dist", None) != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class GroupedFileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = super()._split_scope(nodeid)
+            return SAME_WORKER.get(file, file)
+
+    return GroupedFileScheduling(config, log)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """The scale-out stack stops after the last test of this worker that uses it, not at
+    the end of the session: idle, its servers would keep taking CPU the other tests need."""
+    if "stack" in item.fixturenames and (nextitem is None
+                                         or "stack" not in nextitem.fixturenames):
+        import servers
+
+        servers.stop_shared_stack()

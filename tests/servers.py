@@ -349,15 +349,14 @@ def scale_out_stack(base: Path) -> Iterator[Stack]:
 
 
 class _Shared:
-    """The stack of this test process (an xdist worker runs whole files, so it is shared by
-    the modules of the files it runs), or why it could not start; stopped when the last
-    module's fixture lets go of it, at the end of the session. pytest makes one fixture per
-    module that imports `stack`, hence the holder here, outside pytest's caching."""
+    """The stack of this test process (tests/conftest.py gives the files that use it to
+    one xdist worker), or why it could not start; stopped after the last test that uses
+    it. pytest makes one fixture per module that imports `stack`, hence the holder here,
+    outside pytest's caching."""
 
     exits: ExitStack | None = None
     found: Stack | None = None
     cannot: str | None = None
-    users = 0
 
 
 @pytest.fixture(scope="session")
@@ -383,14 +382,18 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     if _Shared.cannot is not None:
         pytest.skip(f"cannot start the scale-out servers: {_Shared.cannot}")
     assert _Shared.found is not None
-    _Shared.users += 1
     try:
         yield _Shared.found
     finally:
-        _Shared.users -= 1
-        if _Shared.users == 0 and _Shared.exits is not None:
-            exits, _Shared.exits, _Shared.found = _Shared.exits, None, None
-            exits.close()
+        stop_shared_stack()
+
+
+def stop_shared_stack() -> None:
+    """Stops the stack of this process, if it runs (tests/conftest.py calls it after the
+    last test that uses it; a later one would start it again)."""
+    if _Shared.exits is not None:
+        exits, _Shared.exits, _Shared.found = _Shared.exits, None, None
+        exits.close()
 
 
 # ---- a project that runs against the stack ---------------------------------------------

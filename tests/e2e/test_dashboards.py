@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prefect_session_server import new_prefect_home
 from waiting import wait_for
 
 from orchestrator.flow import local_server
@@ -131,7 +132,7 @@ def project(digits_example: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         fp32_only.replace(stages, "stages: [freeze, evaluate]"))
     env = {k: v for k, v in os.environ.items()
            if k not in ("ORCHESTRATOR_HOME", "MLFLOW_TRACKING_URI", "PREFECT_API_URL")}
-    env.update(PREFECT_HOME=str(root.parent / "prefect-home"),
+    env.update(PREFECT_HOME=str(new_prefect_home(root.parent / "prefect-home")),
                PREFECT_SERVER_ANALYTICS_ENABLED="false",
                **{local_server.IDLE_ENV: "300"})
     made = Project(root, env)

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from error_lines import error_lines
+from prefect_session_server import new_prefect_home
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "recipes"
@@ -178,6 +179,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, digits_example: Path
     local Prefect server they share is stopped at the end."""
     project = make_project(tmp_path_factory.mktemp("deploy"))
     env = project_env(project)
+    new_prefect_home(Path(env["PREFECT_HOME"]))
     options = ["--cron", CRON, "--timezone", TIMEZONE, "--set", f"name={NAME}"]
     deployed = orchestrator(project, "deploy", "recipes/digits.yaml", *options, env=env)
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
