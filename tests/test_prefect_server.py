@@ -321,33 +321,32 @@ def get(url: str, accept: str = "*/*") -> tuple[int, str, bytes, str]:
                 response.url)
 
 
-def test_the_server_serves_prefects_classic_ui(home: Path) -> None:
+def check_classic_ui(api_url: str) -> None:
     """The UI next to the API: its settings point at this server, pages fall back to the
     app's index.html, the favicon its pages link is there (no 404 in a browser's console),
     and the classic UI is the default (the new one calls an analytics host at load)."""
-    server = start(home, idle_s=30.0)
-    try:
-        ui = local_server.ui_url(server.api_url)
-        assert ui == server.api_url.removesuffix("api")
-        settings = json.loads(get(f"{ui}ui-settings")[2])
-        assert settings["api_url"] == server.api_url
-        assert settings["default_ui"] == "v1" and "v1" in settings["available_uis"]
-        status, kind, body, final = get(f"{ui}runs", accept="text/html")
-        assert (status, final) == (200, f"{ui}runs")  # served there, not redirected to v2
-        assert kind.startswith("text/html") and b'<div id="app"' in body
-        status, kind, body, _ = get(f"{ui}favicon.ico")
-        assert status == 200 and kind.startswith("image/") and body
-    finally:
-        server.release()
+    ui = local_server.ui_url(api_url)
+    assert ui == api_url.removesuffix("api")
+    settings = json.loads(get(f"{ui}ui-settings")[2])
+    assert settings["api_url"] == api_url
+    assert settings["default_ui"] == "v1" and "v1" in settings["available_uis"]
+    status, kind, body, final = get(f"{ui}runs", accept="text/html")
+    assert (status, final) == (200, f"{ui}runs")  # served there, not redirected to v2
+    assert kind.startswith("text/html") and b'<div id="app"' in body
+    status, kind, body, _ = get(f"{ui}favicon.ico")
+    assert status == 200 and kind.startswith("image/") and body
 
 
 def test_ui_attaches_to_the_shared_server_or_starts_it_on_its_port(home: Path) -> None:
+    """`orchestrator ui` starts the lingering server on the port asked, with Prefect's
+    classic UI (one server for both checks: each start costs seconds of CPU)."""
     port = local_server.free_port()
     first = local_server.attach_for_ui(home, port)
     try:
         first.wait_ready()
         assert first.started_here and first.lingers
         assert first.api_url == f"http://127.0.0.1:{port}/api"
+        check_classic_ui(first.api_url)
         # a run (or a second `ui`) attaches to it, whatever port it would have asked for
         second = local_server.attach_for_ui(home, local_server.free_port())
         assert not second.started_here and second.pid == first.pid
