@@ -55,11 +55,18 @@ def default_sigint() -> Iterator[None]:
 def pytest_configure(config: pytest.Config) -> None:
     """On xdist's controlling process: start the session's one Prefect server, which its
     workers share (prefect_session_server), before it starts them (they inherit the
-    variables that name it)."""
-    if (hasattr(config, "workerinput") or not config.getoption("numprocesses", None)
+    variables that name it). On each worker: a Prefect home of its own (worker_prefect_home)."""
+    import tempfile
+
+    if hasattr(config, "workerinput"):
+        if os.environ.get(prefect_session_server.TEMPLATE_ENV):
+            folder = Path(tempfile.mkdtemp(prefix="orchestrator-prefect-home-"))
+            config.stash[_WORKER_PREFECT_HOME] = folder
+            os.environ["PREFECT_HOME"] = str(folder)  # before this worker imports Prefect
+        return
+    if (not config.getoption("numprocesses", None)
             or os.environ.get(prefect_session_server.SHARED_URL_ENV)):
         return
-    import tempfile
 
     folder = Path(tempfile.mkdtemp(prefix="orchestrator-prefect-"))
     process, url = prefect_session_server.start(folder)
@@ -70,10 +77,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    import shutil
+
+    home = config.stash.get(_WORKER_PREFECT_HOME, None)
+    if home is not None:
+        shutil.rmtree(home, ignore_errors=True)
     shared = config.stash.get(_SHARED_PREFECT, None)
     if shared is not None:
-        import shutil
-
         process, folder = shared
         prefect_session_server.stop(process)
         shutil.rmtree(folder, ignore_errors=True)
@@ -84,6 +94,19 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 _SHARED_PREFECT = pytest.StashKey[tuple]()
+_WORKER_PREFECT_HOME = pytest.StashKey[Path]()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def worker_prefect_home(request: pytest.FixtureRequest) -> None:
+    """The Prefect home of an xdist worker, where the local Prefect servers that its tests'
+    runs start keep their database (not the user's ~/.prefect, which tests would fill): a
+    copy of the session server's freshly made database, so that the first such server
+    does not run Prefect's migrations. Made before the worker's first test, so before any
+    server opens it."""
+    home = request.config.stash.get(_WORKER_PREFECT_HOME, None)
+    if home is not None and not (home / "prefect.db").exists():
+        prefect_session_server.new_prefect_home(home)
 
 
 @pytest.fixture(scope="session")
