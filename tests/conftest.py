@@ -278,8 +278,8 @@ LONGEST_FIRST = (
     "e2e/test_guard_photo_xception.py",
     "test_benchmarks_quick.py",
     "robustness/test_server_faults.py",
+    "e2e/test_scale_out.py",  # next to the other file of its stack (SAME_WORKER)
     "test_prefect_server.py",
-    "e2e/test_scale_out.py",
     "robustness/test_object_store_faults.py",
     "e2e/test_deploy.py",
     "e2e/test_dashboards.py",
