@@ -1,0 +1,122 @@
+"""One model measured on a board, and its outputs there compared with this host's.
+
+What goes to the board is the file that ships, as its bytes (an encrypted one with its
+key, which the board holds in memory only); what comes back is its latency per thread
+count, its load time and memory in a fresh process, and its outputs on the evaluation
+inputs. Those outputs are then judged here: accuracy on the device, and agreement with
+the same file run on this host (top-1 agreement, max abs difference, SQNR per output).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from orchestrator.devices.errors import DeviceLost
+from orchestrator.devices.session import BoardSession
+
+if TYPE_CHECKING:
+    from orchestrator.model.artifact import ModelArtifact
+    from orchestrator.model.kinds import KeyLookup
+
+# the runtimes each kind needs on the board (board_runner.NEEDS by the kind inside)
+BOARD_KINDS = {"tflite": "tflite", "graphdef": "graphdef"}
+NOISE_CV = 0.15  # timings whose coefficient of variation is above this are noise
+
+
+def board_kind(artifact: ModelArtifact) -> tuple[str | None, bool]:
+    """(the kind the board runs, encrypted?): the kind inside an encrypted file."""
+    if artifact.kind != "encrypted":
+        return BOARD_KINDS.get(artifact.kind), False
+    from orchestrator.model.encryption import read_header
+    from orchestrator.model.kinds import to_bytes
+
+    return BOARD_KINDS.get(read_header(to_bytes(artifact)).payload_kind), True
+
+
+def runtimes_needed(kind: str, encrypted: bool) -> list[str]:
+    from orchestrator.devices.board_runner import NEEDS
+
+    return [*NEEDS[kind], *(["cryptography"] if encrypted else [])]
+
+
+def why_not_measurable(artifact: ModelArtifact, board: dict[str, Any]) -> str | None:
+    """Why this board cannot run this file (None: it can)."""
+    kind, encrypted = board_kind(artifact)
+    if kind is None:
+        inner = artifact.kind if not encrypted else "encrypted memmapped"
+        return (f"a {inner} package runs on TensorFlow's MemmappedEnv, which the board's "
+                "measuring program does not load; its graph is measured in the variant "
+                "before memmap")
+    if len(artifact.inputs) != 1:
+        return f"the model has {len(artifact.inputs)} inputs; the board is fed one"
+    missing = [m for m in runtimes_needed(kind, encrypted)
+               if not (board.get("runtimes") or {}).get(m)]
+    if missing:
+        return (f"the board has no {', '.join(missing)} (`orchestrator device prepare URL "
+                f"--runtime {missing[0]}` installs it)")
+    return None
+
+
+def _npz(arrays: Sequence[np.ndarray], prefix: str) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **{f"{prefix}_{i}": np.asarray(a) for i, a in enumerate(arrays)})
+    return buffer.getvalue()
+
+
+def measure(session: BoardSession, artifact: ModelArtifact, keys: KeyLookup | None,
+            inputs: np.ndarray, threads: Sequence[int], *, warmup: int, runs: int,
+            samples: int, timeout: float) -> dict[str, Any]:
+    """The board's figures for `artifact`: latency per thread setting, load and memory of
+    a fresh process, and its outputs on the first `samples` inputs (raw, for `compare`)."""
+    from orchestrator.model.encryption import HEADER_BYTES, read_header
+    from orchestrator.model.kinds import to_bytes
+
+    kind, encrypted = board_kind(artifact)
+    shipped = to_bytes(artifact)
+    blobs = [shipped]
+    if encrypted:
+        assert keys is not None
+        blobs.append(keys(read_header(shipped).key_id).secret)
+    blobs.append(_npz([inputs], "input"))
+    request = {"op": "measure", "kind": kind, "encrypted": encrypted,
+               "header_bytes": HEADER_BYTES, "inputs": artifact.input_names,
+               "outputs": list(artifact.outputs), "threads": list(threads),
+               "warmup": warmup, "runs": runs, "samples": samples}
+    reply, out = session.request(request, blobs, timeout=timeout,
+                                 doing=f"measuring the {artifact.kind} file")
+    if "error" in reply:
+        raise DeviceLost(f"{session.where}: the board could not run the file: "
+                         f"{reply['error']}")
+    with np.load(io.BytesIO(out[0])) as arrays:
+        reply["outputs"] = [arrays[f"output_{i}"] for i in range(len(arrays.files))]
+    return reply
+
+
+def compare(device: Sequence[np.ndarray], host: Sequence[np.ndarray], names: Sequence[str],
+            labels: np.ndarray | None) -> dict[str, Any]:
+    """Accuracy on the device (labelled data, class scores) and, per output, how the
+    device's values agree with this host's for the same file."""
+    from orchestrator.measure import fidelity
+
+    per_output: dict[str, dict[str, float]] = {}
+    for name, mine, theirs in zip(names, device, host, strict=False):
+        mine, theirs = np.asarray(mine, np.float64), np.asarray(theirs, np.float64)
+        per_output[name] = {
+            "top1_agreement": round(fidelity.top1_agreement(mine, theirs), 6),
+            "max_abs_diff": float(f"{fidelity.max_abs_diff(mine, theirs):.6g}"),
+            "sqnr_db": round(fidelity.sqnr_db(mine, theirs), 3)}
+    result: dict[str, Any] = {"outputs": per_output}
+    if per_output:
+        result["top1_agreement"] = min(o["top1_agreement"] for o in per_output.values())
+    if labels is not None and device:
+        accuracy = fidelity.top1_accuracy(np.asarray(device[0]), labels[:len(device[0])])
+        host_accuracy = fidelity.top1_accuracy(np.asarray(host[0]), labels[:len(host[0])])
+        if accuracy is not None:
+            result["accuracy"] = round(accuracy, 6)
+            result["host_accuracy"] = None if host_accuracy is None else round(
+                host_accuracy, 6)
+    return result
