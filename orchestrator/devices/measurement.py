@@ -47,8 +47,8 @@ def why_not_measurable(artifact: ModelArtifact, board: dict[str, Any]) -> str | 
     """Why this board cannot run this file (None: it can)."""
     kind, encrypted = board_kind(artifact)
     if kind is None:
-        inner = artifact.kind if not encrypted else "encrypted memmapped"
-        return (f"a {inner} package runs on TensorFlow's MemmappedEnv, which the board's "
+        inner = "a memmapped" if not encrypted else "an encrypted memmapped"
+        return (f"{inner} package runs on TensorFlow's MemmappedEnv, which the board's "
                 "measuring program does not load; its graph is measured in the variant "
                 "before memmap")
     if len(artifact.inputs) != 1:

@@ -10,6 +10,7 @@ request, and a broken pipe), and the next runner there removes what a dead one l
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import select
@@ -23,7 +24,8 @@ from typing import Any
 
 from orchestrator.devices import board_runner
 from orchestrator.devices.errors import DeviceLost, DeviceUnreachable
-from orchestrator.devices.transports import Transport
+from orchestrator.devices.transports import Transport, transport_for
+from orchestrator.devices.urls import DeviceURL
 
 FRAME = board_runner.FRAME
 # reads the runner's source (a length line, then the bytes) and runs it; the marker names
@@ -97,6 +99,11 @@ class BoardSession:
             except (OSError, subprocess.TimeoutExpired, DeviceLost):
                 _kill(process)
         self.stderr.close()
+        self.transport.close()
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
 
     # -- the frames, each within a deadline
 
@@ -175,3 +182,38 @@ def _kill(process: subprocess.Popen[bytes]) -> None:
         process.wait(timeout=10)
     except subprocess.TimeoutExpired:
         pass
+
+
+# this process's sessions, by URL: one connection and one runner per board, reused by every
+# measurement of the run (and of later runs in a long-lived worker)
+_shared: dict[str, BoardSession] = {}
+
+
+def shared_session(url: DeviceURL, where: str) -> BoardSession:
+    """This process's open session to the board at `url`, started on first use (again
+    after one was lost)."""
+    session = _shared.get(url.text)
+    if session is None or not session.alive:
+        if session is not None:
+            session.close()
+        session = BoardSession(transport_for(url), where)
+        _shared[url.text] = session
+        try:
+            session.start()
+        except BaseException:
+            _shared.pop(url.text, None)
+            session.close()
+            raise
+    return session
+
+
+def drop_session(url: DeviceURL) -> None:
+    session = _shared.pop(url.text, None)
+    if session is not None:
+        session.close()
+
+
+@atexit.register
+def close_sessions() -> None:
+    for text in list(_shared):
+        _shared.pop(text).close()

@@ -56,6 +56,7 @@ from orchestrator.measure.budgets import (
 )
 from orchestrator.quant.layer_errors import worst_first
 from orchestrator.quant.ranges import QUANTIZABLE_OPS, WEIGHT_OPS
+from orchestrator.recipe.defaults import DEVICE_STAGE
 from orchestrator.spec.models import Tune
 
 log = logging.getLogger(__name__)
@@ -247,6 +248,8 @@ def _stages_with(nodes: list[Node], settings: Settings) -> list[tuple[str, BaseM
     stages: list[tuple[str, BaseModel]] = []
     for node in nodes:
         if not settings.eight_bit_ops and node.stage in EIGHT_BIT_OP_STAGES:
+            continue
+        if node.stage == DEVICE_STAGE:  # a board measures the chosen model, not each trial
             continue
         params = node.params
         own = list(getattr(params, "exclude_nodes", []) or [])

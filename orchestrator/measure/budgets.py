@@ -253,10 +253,14 @@ def check_output_budgets(loaded: Any, outputs: Sequence[str], metadata: Mapping[
 
 
 def check_budgets(variant: Mapping[str, Any], budgets: Any, est_latency_ms: float | None,
-                  device: Any = None) -> list[Violation]:
+                  device: Any = None, latency_basis: str = "estimated",
+                  on_device: Mapping[str, Any] | None = None) -> list[Violation]:
     """Violations of one target's budgets, and of the device's own RAM limit (empty when
     all are met): each a readable message that knows which budget it broke (`kind`).
-    Sizes and RAM in MiB, the unit of max_size_mb and max_ram_mb."""
+    Sizes and RAM in MiB, the unit of max_size_mb and max_ram_mb. `est_latency_ms` is the
+    latency the budget reads, `latency_basis` what it is ("estimated", or "measured on
+    ..." where the target's board measured it); `on_device` the board's measurement, for
+    min_device_agreement."""
     violations: list[Violation] = []
 
     def mib(value: float, digits: int) -> str:
@@ -283,8 +287,18 @@ def check_budgets(variant: Mapping[str, Any], budgets: Any, est_latency_ms: floa
                                         LATENCY))
         elif est_latency_ms > budgets.max_latency_ms:
             est, _ = apart(est_latency_ms, budgets.max_latency_ms, format_ms)
-            violations.append(Violation(f"estimated latency {est} > max_latency_ms "
+            violations.append(Violation(f"{latency_basis} latency {est} > max_latency_ms "
                                         f"{budgets.max_latency_ms:g} ms", LATENCY))
+    minimum = getattr(budgets, "min_device_agreement", None)
+    if minimum is not None:
+        agreement = (on_device or {}).get("top1_agreement")
+        if agreement is None:
+            reason = (on_device or {}).get("reason") or "add connect: to the target"
+            violations.append(Violation(f"device agreement not measured: {reason}", FIDELITY))
+        elif agreement < minimum:
+            violations.append(Violation(
+                f"top-1 agreement of the board's outputs with this host's {agreement:.4f} < "
+                f"min_device_agreement {minimum:g}", FIDELITY))
     if shown := over("ram_bytes", budgets.max_ram_mb):
         violations.append(Violation(f"RAM {shown[0]} MiB {ram_measure} > max_ram_mb "
                                     f"{budgets.max_ram_mb:g} MiB", RAM))

@@ -220,6 +220,40 @@ def check_names(recipe: Recipe, path: Path, marks: Mapping[Loc, tuple[int, int]]
             if (problem := name_problem(name))]
 
 
+def check_connections(recipe: Recipe, stages: Mapping[str, list[tuple[str, BaseModel]]],
+                      path: Path, marks: Mapping[Loc, tuple[int, int]],
+                      parts: Collection[str] | None = None) -> list[RecipeError]:
+    """Each target's `connect:` is a device URL we can use; each measure_on_device stage
+    names a target that has one."""
+    from orchestrator.devices.urls import DeviceURLError, parse_device_url
+
+    errors: list[RecipeError] = []
+    if parts is not None and "targets" not in parts:
+        return errors
+    connected = []
+    for index, target in enumerate(recipe.targets):
+        if target.connect is None:
+            continue
+        try:
+            parse_device_url(target.connect)
+            connected.append(target.name)
+        except DeviceURLError as exc:
+            errors.append(make_error(RecipeError, str(exc), path,
+                                     ("targets", index, "connect"), marks))
+    for name, found in stages.items():
+        for index, (stage, params) in enumerate(found):
+            target = getattr(params, "target", None)
+            if stage == "measure_on_device" and target not in connected and getattr(
+                    params, "connect", None) is None:
+                have = (f"targets with connect: {', '.join(connected)}" if connected else
+                        "no target has connect:")
+                errors.append(make_error(
+                    RecipeError, f"measure_on_device measures on target {target!r}'s board, "
+                    f"but it has no connect: URL ({have})", path,
+                    ("pipelines", name, "stages", index), marks))
+    return errors
+
+
 def check_variants(loaded: Any, variants: Iterable[str] | None) -> None:
     """`--variant NAME` names a pipeline of the loaded recipe: else exit 2 (RecipeError)
     naming it, the recipe's pipelines and the closest one."""

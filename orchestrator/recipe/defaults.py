@@ -14,6 +14,8 @@ from orchestrator.spec.models import Recipe
 
 # Added after the last graphdef transform of an 8-bit lineage: the shipped file's names.
 DEFAULT_COMPACTION = "compact_names"
+# Added at the end of every pipeline, once per target with `connect:`.
+DEVICE_STAGE = "measure_on_device"
 # What makes a lineage one that ships compact names by default.
 COMPACTED_AFTER = "quantize_nodes"
 
@@ -97,4 +99,32 @@ def add_default_stages(recipe: Recipe, stages: dict[str, list[tuple[str, BaseMod
     added = default_compactions(recipe, stages)
     for name, index in added.items():
         stages[name].insert(index, (DEFAULT_COMPACTION, get_stage(DEFAULT_COMPACTION).params()))
-    return {name: [index] for name, index in added.items()}
+    indices = {name: [index] for name, index in added.items()}
+    for name, index in add_device_measurements(recipe, stages).items():
+        indices.setdefault(name, []).extend(index)
+    return indices
+
+
+def add_device_measurements(recipe: Recipe, stages: dict[str, list[tuple[str, BaseModel]]]
+                            ) -> dict[str, list[int]]:
+    """Every pipeline measured on every target's board (`connect:`), at its end, unless it
+    lists measure_on_device for that target itself; a listed one gets the target's URL."""
+    from orchestrator.stages import get_stage
+
+    connect = {t.name: t.connect for t in recipe.targets if t.connect is not None}
+    params_type = get_stage(DEVICE_STAGE).params
+    added: dict[str, list[int]] = {}
+    for name, entries in stages.items():
+        listed = set()
+        for index, (stage, params) in enumerate(entries):
+            if stage == DEVICE_STAGE:
+                target = getattr(params, "target", None)
+                listed.add(target)
+                if getattr(params, "connect", None) is None and target in connect:
+                    entries[index] = (stage, params.model_copy(
+                        update={"connect": connect[target]}))
+        for target, url in connect.items():
+            if target not in listed:
+                entries.append((DEVICE_STAGE, params_type(target=target, connect=url)))
+                added.setdefault(name, []).append(len(entries) - 1)
+    return added

@@ -22,6 +22,7 @@ from orchestrator import paths
 from orchestrator.errors import OrchestratorError, RecipeError
 from orchestrator.limits import MAX_NESTING_DEPTH
 from orchestrator.recipe.checks import (
+    check_connections,
     check_from,
     check_kinds,
     check_names,
@@ -269,6 +270,8 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None,
               for name, found in entries.items() if name not in broken}
     if _has(parts, "name") or _has(parts, "pipelines") or _has(parts, "targets"):
         errors += check_names(recipe, path, marks, parts)
+    if _has(parts, "pipelines") and _has(parts, "targets"):
+        errors += check_connections(recipe, stages, path, marks)
     deferred: list[str] = list(data["pipelines"]) if isinstance(data.get("pipelines"),
                                                                   dict) else []
     if _has(parts, "pipelines"):

@@ -129,6 +129,10 @@ def build_variant(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, N
     if keyed:  # where this run's key came from (a cached result may have had another source)
         variant["encryption"] = {**variant.get("encryption", {}), "key_id": keyed[-1].key_id,
                                  "key_source": plan.keys[keyed[-1].key_id].source}
+    on_device: dict[str, Any] = {}  # target -> what its board measured
+    for outcome in own:
+        on_device.update(outcome.info.get("device") or {})
+    variant.pop("device", None)
     targets: dict[str, Any] = {}
     for target in plan.recipe.recipe.targets:
         device = devices[target.name]
@@ -136,12 +140,42 @@ def build_variant(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, N
         made = estimate(variant["flops"], device, variant["precision"],
                         info.get("estimate_basis"))
         est = None if made is None else round(made.latency_ms, 4)
-        violations = check_budgets(variant, target.budgets, est, device)
+        measured = on_device.get(target.name)
+        judged, figures = judged_on_device(variant, target.name, est, measured)
+        violations = check_budgets(judged, target.budgets, figures["latency_ms"], device,
+                                   figures["latency_basis"], measured)
         targets[target.name] = {"device": device.name, "est_latency_ms": est,
                                 **({"estimate": made.to_json()} if made else {}),
+                                **figures, **({"measured": measured} if measured else {}),
                                 "budgets_ok": not violations, "violations": violations}
     variant["targets"] = targets
     return variant
+
+
+def judged_on_device(variant: dict[str, Any], target: str, est: float | None,
+                     measured: Mapping[str, Any] | None
+                     ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The figures a target's budgets and selection read: its board's measured latency
+    (p50) where a real board measured it, else the estimate; its board's accuracy where
+    the board ran the evaluation set (an emulated one too: its numerics are the Arm
+    kernels'), else this host's. Returns the variant as judged for this target and the
+    figures with what each is (`latency_basis`, `accuracy_basis`)."""
+    figures: dict[str, Any] = {"latency_ms": est, "latency_basis": "estimated",
+                               "accuracy_basis": "this host"}
+    if not measured or not measured.get("measured"):
+        return variant, figures
+    where = f"{target}'s board"
+    if not measured.get("emulated"):
+        figures.update(latency_ms=measured["latency_ms"]["p50"],
+                       latency_basis=f"measured on {where}")
+    judged = variant
+    source = variant.get("source_accuracy")
+    if measured.get("accuracy") is not None and source is not None:
+        figures.update(accuracy=measured["accuracy"],
+                       accuracy_basis=f"measured on {where}" + (
+                           " (emulated)" if measured.get("emulated") else ""))
+        judged = {**variant, "accuracy_drop": round(source - measured["accuracy"], 6)}
+    return judged, figures
 
 
 # Estimates within this share of the lowest cannot tell variants apart: the measured host
@@ -154,8 +188,17 @@ MEASURED_NOISE = 0.10
 
 
 def _estimate(variant: Mapping[str, Any], target: str) -> float:
-    est = variant["targets"][target]["est_latency_ms"]
+    """The latency selection reads for a target: its board's measurement where a real
+    board measured it, else the estimate (`latency_basis` says which)."""
+    result = variant["targets"][target]
+    est = result.get("latency_ms", result["est_latency_ms"])
     return float("inf") if est is None else float(est)
+
+
+def _tag(variant: Mapping[str, Any], target: str) -> str:
+    """How a latency is marked: "est." or "measured"."""
+    basis = variant["targets"][target].get("latency_basis", "estimated")
+    return "est." if basis == "estimated" else "measured"
 
 
 def _measured(variant: Mapping[str, Any]) -> float:
@@ -245,7 +288,8 @@ def _chosen_reason(name: str, variants: Mapping[str, Mapping[str, Any]], target:
     if not math.isfinite(est):
         parts.append("no variant has an estimated latency (add benchmark to the pipelines)")
     elif est <= floor:
-        parts.append(f"lowest estimated latency ({format_ms(est)} est.)")
+        parts.append(f"lowest {'estimated' if _tag(ok[name], target) == 'est.' else 'measured'}"
+                     f" latency ({format_ms(est)} {_tag(ok[name], target)})")
     else:
         mine, theirs = _ms_pair(est, floor)
         parts.append(f"estimated latency {mine}, within {ESTIMATE_TIE:.0%} of the lowest "
@@ -254,7 +298,8 @@ def _chosen_reason(name: str, variants: Mapping[str, Mapping[str, Any]], target:
     if slower and math.isfinite(est):
         if est <= floor:  # which estimates are within the tie, not said yet
             parts.append(f"within {ESTIMATE_TIE:.0%} of it: " + ", ".join(
-                f"{n} ({format_ms(_estimate(ok[n], target))} est.)" for n in close))
+                f"{n} ({format_ms(_estimate(ok[n], target))} {_tag(ok[n], target)})"
+                for n in close))
         vs = ", ".join(f"{n}'s {format_ms(_measured(ok[n]))}" for n in slower)
         parts.append(f"the fastest measured on this host ({format_ms(measured)} p50 vs {vs})")
     tied = [n for n in close if _measured(ok[n]) == measured]  # unmeasured ones tie too
@@ -296,7 +341,34 @@ def build_report(plan: Plan, data: RunData, outcomes: Mapping[str, NodeOutcome],
             "data_fingerprints": dict(plan.fingerprints),
             "variants": built,
             "selected": selected,
-            "selection_reasons": selection_reasons(built, selected)}
+            "selection_reasons": selection_reasons(built, selected),
+            "selection_basis": selection_basis(built, [t.name for t in
+                                                       plan.recipe.recipe.targets])}
+
+
+def selection_basis(variants: Mapping[str, Mapping[str, Any]], target_names: list[str]
+                    ) -> dict[str, str]:
+    """Per target, which figures its budgets and selection read: the board's measurements
+    (for which variants) or estimates and this host's accuracy."""
+    basis: dict[str, str] = {}
+    for target in target_names:
+        results = {name: v["targets"][target] for name, v in variants.items()}
+        timed = [n for n, r in results.items() if r.get("latency_basis", "estimated")
+                 != "estimated"]
+        judged = [n for n, r in results.items() if r.get("accuracy_basis", "this host")
+                  != "this host"]
+        emulated = any((r.get("measured") or {}).get("emulated") for r in results.values())
+        latency = (f"latency measured on the board for {', '.join(timed)}" + (
+            ", estimated for the others" if len(timed) < len(results) else "")
+            if timed else "latency estimated from FLOPs" + (
+                " (the emulated board's timings measure qemu, not the core)"
+                if emulated else ""))
+        accuracy = (f"accuracy measured on the board{' (emulated)' if emulated else ''} for "
+                    f"{', '.join(judged)}" + (", on this host for the others"
+                                              if len(judged) < len(results) else "")
+                    if judged else "accuracy measured on this host")
+        basis[target] = f"{latency}; {accuracy}"
+    return basis
 
 
 def with_guard(variant: dict[str, Any], result: GuardResult) -> None:

@@ -107,12 +107,21 @@ class Budgets(Strict):
     max_latency_ms: PositiveFloat | None = Field(
         None, description="Largest estimated latency on the target device, in ms.")
     max_ram_mb: PositiveFloat | None = Field(None, description="Largest RAM use, in MB.")
+    min_device_agreement: float | None = Field(
+        None, ge=0, le=1, description="Smallest top-1 agreement between the outputs measured "
+        "on the target's board (`connect:`) and this host's outputs for the same file "
+        "(0.99: at most 1 sample in 100 gets another class there).")
 
 
 class Target(Strict):
     name: str = Field(description="Target name, used in report.json and `selected`.")
     device: str | Device = Field(description="A device preset name, or an inline device spec.")
     budgets: Budgets = Field(default_factory=Budgets, description="Budgets to gate on.")
+    connect: str | None = Field(
+        None, description="Measure on this board: ssh://[user@]host[:port][?python=PATH] (your "
+        "OpenSSH setup; never a password) or qemu://aarch64?cpu=cortex-a76 (an emulated Arm "
+        "CPU on this host: its numerics, not its speed). Every variant gets a "
+        "`measure_on_device` stage for this target (docs/devices.md).")
 
 
 # A stage entry as written: "fold" or {"quantize_nodes": {...}}; validated against the
