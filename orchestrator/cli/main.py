@@ -76,6 +76,7 @@ COMMAND_GROUPS = (
     ("orchestrator.cli.init", "init: a first recipe from a model"),
     ("orchestrator.cli.benchmark", "benchmark: any model file, outside a recipe"),
     ("orchestrator.cli.history", "history: the selected variant across a recipe's runs"),
+    ("orchestrator.cli.device", "device check, device prepare: the boards targets measure on"),
 )
 
 

@@ -127,7 +127,8 @@ def describe():
     for module in RUNTIMES:
         found = importable(module)
         runtimes[module] = version_of(module) if found else None
-    return {"protocol": PROTOCOL, "machine": platform.machine(), "system": platform.system(),
+    return {"protocol": PROTOCOL, "site": board_site(), "machine": platform.machine(),
+            "system": platform.system(),
             "kernel": platform.release(), "cpu": cpu_model(), "cores": os.cpu_count(),
             "memory_mb": memory_mb(), "python": platform.python_version(),
             "python_tag": "cp%d%d" % sys.version_info[:2], "libc": "-".join(platform.libc_ver()),
@@ -363,6 +364,7 @@ def rss():
     return kb("VmRSS"), kb("RssAnon")
 request = json.loads(sys.stdin.buffer.readline())
 exec(request["source"])
+add_board_site()
 import numpy as np
 payload = sys.stdin.buffer.read()
 key = payload[:request["key_bytes"]]
@@ -489,7 +491,20 @@ def sweep_stale_jobs():
     return removed
 
 
+def board_site():
+    """Where `orchestrator device prepare` installs the runtimes on the board (per Python)."""
+    return os.path.join(os.path.expanduser("~"), ".cache", "orchestrator-board",
+                        "site-cp%d%d" % sys.version_info[:2])
+
+
+def add_board_site():
+    site = board_site()
+    if os.path.isdir(site) and site not in sys.path:
+        sys.path.insert(0, site)
+
+
 def main(source):
+    add_board_site()
     os.makedirs(ROOT, exist_ok=True)
     removed = sweep_stale_jobs()
     job = os.path.join(ROOT, "job-%d" % os.getpid())

@@ -75,6 +75,7 @@ def open_session(ref: RunRef, loaded: LoadedRecipe | None = None) -> Session:
         source = load_source(loaded)
         data = RunData(plan, store, lambda: source, devices, scratch)
     preflight_data(loaded, data)
+    preflight_devices(loaded, plan, store if ref.use_cache else None)
     if any(t.budgets.outputs for t in recipe.targets):  # their names need the model's outputs
         model = (store.get_signature(key) if cached else
                  {"outputs": source.outputs, "metadata": source.metadata})
@@ -127,6 +128,49 @@ def preflight_data(loaded: LoadedRecipe, data: RunData) -> None:
             "representative" if "representative" in (exc.field or "") else None)
         loc = tuple((exc.field or f"data.{role}").split(".")) if role else ("data",)
         raise loaded.relocate(exc, loc) from exc
+
+
+def preflight_devices(loaded: LoadedRecipe, plan: Plan, store: Store | None) -> None:
+    """Every board a measurement still to run needs is reachable and has the runtimes the
+    recipe's files need (exit 2 at the target's `connect:`, naming the fix), before any
+    stage runs. Boards whose measurements are all cached are not contacted."""
+    from orchestrator.devices.errors import DeviceLost, DeviceUnreachable
+    from orchestrator.devices.measurement import runtimes_needed
+    from orchestrator.devices.session import drop_session, shared_session
+    from orchestrator.devices.urls import parse_device_url
+    from orchestrator.engine.node_run import pending_nodes
+    from orchestrator.recipe.defaults import DEVICE_STAGE, shipped_kinds
+
+    pending = [n for n in pending_nodes(plan, store) if n.stage == DEVICE_STAGE]
+    kinds = shipped_kinds(loaded.recipe, loaded.stages)
+    targets = {t.name: i for i, t in enumerate(loaded.recipe.targets)}
+    checked: set[str] = set()
+    for node in pending:
+        url_text = node.params.connect
+        if url_text in checked:
+            continue
+        checked.add(url_text)
+        url = parse_device_url(url_text)
+        where = ("targets", targets[node.params.target], "connect") if (
+            node.params.target in targets) else ("pipelines", node.pipeline, "stages")
+        fix = f"check the board with `orchestrator device check {url_text}`"
+        try:
+            board = shared_session(url, url_text).describe()
+        except (DeviceUnreachable, DeviceLost) as exc:
+            drop_session(url)
+            raise loaded.error(f"target {node.params.target}: {exc.message} ({fix})", where,
+                               DeviceUnreachable) from None
+        have = board.get("runtimes") or {}
+        needed = {m for n in pending if n.params.connect == url_text
+                  for kind, encrypted in [kinds.get(n.pipeline, ("graphdef", False))]
+                  if kind == "tflite" for m in runtimes_needed(kind, encrypted)}
+        needed.add("numpy")
+        missing = sorted(m for m in needed if not have.get(m))
+        if missing:
+            raise loaded.error(
+                f"target {node.params.target}: the board at {url_text} has no "
+                f"{', '.join(missing)}, which the recipe's files need there: run "
+                f"`orchestrator device prepare {url_text}`", where, DeviceUnreachable)
 
 
 def data_fingerprints(loaded: LoadedRecipe) -> dict[str, str]:

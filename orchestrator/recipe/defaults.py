@@ -54,6 +54,25 @@ def _start_kinds(recipe: Recipe, stages: Mapping[str, list[tuple[str, BaseModel]
     return starts
 
 
+def shipped_kinds(recipe: Recipe, stages: Mapping[str, list[tuple[str, BaseModel]]]
+                  ) -> dict[str, tuple[str, bool]]:
+    """Per pipeline, the kind of the file it ships and whether it is encrypted (then the
+    kind inside): what a board needs to run it."""
+    from orchestrator.stages import get_stage
+
+    starts = _start_kinds(recipe, stages)
+    shipped: dict[str, tuple[str, bool]] = {}
+    for name in recipe.pipelines:
+        kind, inner = starts.get(name, "graphdef"), None
+        for stage_name, _ in stages.get(name, []):
+            made = get_stage(stage_name).produces
+            if made == "encrypted" and kind != "encrypted":
+                inner = kind
+            kind = made or kind
+        shipped[name] = (inner, True) if kind == "encrypted" and inner else (kind, False)
+    return shipped
+
+
 def keeps_names(recipe: Recipe, pipeline: str) -> bool:
     """`keep_names` as it applies to `pipeline`: its own, else its nearest ancestor's."""
     for name in reversed(lineage(recipe.pipelines, pipeline)):

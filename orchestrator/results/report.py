@@ -33,6 +33,7 @@ from orchestrator.limits import name_problem
 from orchestrator.measure.budgets import MB, broken_kinds, check_budgets
 from orchestrator.model import kinds
 from orchestrator.paths import describe_os_error
+from orchestrator.results.device_figures import print_device_table
 
 
 def _merged(outcomes: list[NodeOutcome]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -640,7 +641,11 @@ def print_summary(report: Mapping[str, Any], out_dir: Path, console: Any = None)
     if target_names:
         notes += [f"{TIMING_NOTE}; est.: the device's latency, estimated (budgets and "
                   f"selection use it; host p50 decides within {ESTIMATE_TIE:.0%}; how, per "
-                  "variant: report.html)", "✗: the budget that broke, in its own cell and "
+                  "variant: report.html)" + ("; meas.: measured on the target's own board "
+                  "(connect:), used instead" if any(
+                      r.get("latency_basis", "estimated") != "estimated"
+                      for v in variants.values() for r in v["targets"].values()) else ""),
+                   "✗: the budget that broke, in its own cell and "
                   "named in its target's column; ✓: selected"]
     else:
         notes += [TIMING_NOTE, NO_TARGETS]
@@ -654,7 +659,11 @@ def print_summary(report: Mapping[str, Any], out_dir: Path, console: Any = None)
         columns.append("min SQNR dB\n(output)")
     devices = {t: r.get("device", "") for v in variants.values()
                for t, r in v["targets"].items()}
-    columns += [f"{t} ({devices.get(t, '')})\nest. latency" for t in target_names]
+    timed_on_board = {t for v in variants.values() for t, r in v["targets"].items()
+                      if r.get("latency_basis", "estimated") != "estimated"}
+    columns += [f"{t} ({devices.get(t, '')})\n" + ("latency" if t in timed_on_board
+                                                    else "est. latency")
+                for t in target_names]
     columns.append("cached")
     for column in columns:
         table.add_column(column, justify="left" if column == "variant" else "right")
@@ -664,7 +673,10 @@ def print_summary(report: Mapping[str, Any], out_dir: Path, console: Any = None)
         for target in target_names:
             result = v["targets"][target]
             kinds_broken = result.get("broken") or broken_kinds(result.get("violations") or [])
-            est = _marked(format_ms(result["est_latency_ms"]), "latency" in kinds_broken)
+            shown = result.get("latency_ms", result["est_latency_ms"])
+            measured = result.get("latency_basis", "estimated") != "estimated"
+            est = _marked(format_ms(shown) + (" meas." if measured else ""),
+                          "latency" in kinds_broken)
             verdict = ("[green]ok[/]" if result["budgets_ok"]
                        else "[red]✗ " + ", ".join(k.upper() if k == "ram" else k
                                                   for k in kinds_broken or ["budget"]) + "[/]")
@@ -689,6 +701,7 @@ def print_summary(report: Mapping[str, Any], out_dir: Path, console: Any = None)
 
     for note in notes:
         console.print(f"  [dim]{escape(note)}[/]", **prose)
+    print_device_table(report, console, prose)
 
     for where, warning in console_warnings(report):
         console.print(f"  [yellow]warning[/] {escape(where)}: {escape(warning)}", **prose)
