@@ -71,6 +71,7 @@ demo: $(EXAMPLE) $(DEMO_KEY)
 # ends with the 15 slowest tests, so that each change sees what it costs
 test: $(TEST_STAMP) $(EXAMPLE)  # the install first: on a fresh clone it makes the demo's too
 	$(VENV)/bin/lint-imports --no-logo --no-cache
+	sh tests/device_setup.sh $(VENV)/bin/orchestrator
 	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=15
 
 lint: $(TEST_STAMP)

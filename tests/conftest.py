@@ -347,3 +347,15 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         import servers
 
         servers.stop_shared_stack()
+
+
+@pytest.fixture(scope="session")
+def emulated_board() -> Path:
+    """The emulated aarch64 board (`make test` builds it: tests/device_setup.sh), or a skip
+    that says exactly what is missing."""
+    from orchestrator.devices import emulated_board as board
+
+    why = board.missing_setup()
+    if why is not None:
+        pytest.skip(f"device tests need the emulated board: {why}")
+    return board.board_folder()

@@ -71,7 +71,12 @@ def run_plan(plan: Plan, data: RunData, worker: Worker, notify: Notify) -> PlanR
     ended: when the run reports, nothing of it still runs or writes to the store (on a
     scheduler of the user's own, they would go on after the run's exit; the stages that
     wait for the failed one end at once). An interrupt (Ctrl-C) does not wait."""
-    return _Run(plan, data, worker, notify).run()
+    from orchestrator.devices.session import close_sessions
+
+    try:
+        return _Run(plan, data, worker, notify).run()
+    finally:  # the boards' connections end with the run (a long-lived worker holds none)
+        close_sessions()
 
 
 class _Finished:

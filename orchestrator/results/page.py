@@ -127,7 +127,14 @@ def render(report: Mapping[str, Any], images: Mapping[str, bytes],
     # what the RAM column's figures are: one name for all, else each cell names its own
     ram_measures = sorted({ram_measure(v) for v in variants.values()},
                           key=list(RAM_SOURCE_OF).index)
+    from orchestrator.results.device_figures import EMULATED_NOTE, device_rows
+
+    rows = device_rows(report)
     html = template.render(
+        device_rows=rows, emulated_note=EMULATED_NOTE[0].upper() + EMULATED_NOTE[1:],
+        device_columns=["target", "where", "variant", "board", "p50 (threads)", "first run",
+                        "load, memory", "accuracy (host)", "top-1 agreement", "max abs diff",
+                        "cv", "note"],
         report=report, target_names=target_names, targets=report.get("targets") or {},
         selected_names=set(filter(None, (report.get("selected") or {}).values())),
         host=hosts[0] if hosts else None, warnings=warnings, diagnostics=diagnostics,

@@ -1,0 +1,107 @@
+"""The digits recipe measured on a board: the emulated Cortex-A76 directly (qemu://), and
+the same board behind a real OpenSSH server on loopback (ssh://). Real Prefect, real
+MLflow, the real aarch64 LiteRT wheel under qemu-user."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli.main import main
+
+pytestmark = [pytest.mark.slow, pytest.mark.device]
+
+# the digits CNN, its float graph and LiteRT's full-integer file
+PIPELINES = """pipelines:
+  fp32: {{stages: [freeze, strip, fold]}}
+  litert_int8:
+    from: fp32
+    stages: [{{convert_tflite: {{mode: int8}}}}, evaluate]
+"""
+
+
+def write_recipe(folder: Path, digits: Path, connect: str, extra: str = "") -> Path:
+    recipe = folder / "device.yaml"
+    recipe.write_text(
+        f"version: 1\nname: on-device\nmodel: {{path: {digits}/saved_model}}\n"
+        f"data:\n  representative: {{source: {digits}/data.npz, array: x_calib, "
+        "samples: 100}\n"
+        f"  evaluation: {{source: {digits}/data.npz, inputs: x_test, labels: y_test}}\n"
+        "targets:\n  - name: arm\n    device: phone-modern\n"
+        f"    connect: '{connect}'\n"
+        "    budgets: {max_accuracy_drop: 0.02, min_device_agreement: 0.99}\n"
+        + PIPELINES.format() + extra)
+    return recipe
+
+
+def check_measured(report: dict, connect: str) -> dict:
+    """What every device run must show: litert_int8 measured on the aarch64 board, its
+    accuracy there within 0.005 of this host's, fp32 not measured with the reason."""
+    arm = report["variants"]["litert_int8"]["targets"]["arm"]
+    measured = arm["measured"]
+    assert measured["measured"] is True and measured["where"] == connect
+    assert measured["board"]["machine"] == "aarch64"
+    assert measured["board"]["cpu"] == "Cortex-A76"
+    assert measured["emulated"] is (connect.startswith("qemu"))
+    host_accuracy = report["variants"]["litert_int8"]["accuracy"]
+    assert abs(measured["accuracy"] - host_accuracy) <= 0.005
+    assert measured["top1_agreement"] >= 0.99
+    assert measured["latency_ms"]["count"] == 50 and measured["latency_ms"]["p50"] > 0
+    assert measured["load"]["load_ms"] > 0 and "rss_growth_mb" in measured["load"]
+    # selection says which figures it used: an emulated board's timings decide nothing
+    assert arm["latency_basis"] == "estimated"
+    assert arm["accuracy_basis"].startswith("measured on arm's board")
+    assert "accuracy measured on the board" in report["selection_basis"]["arm"]
+    fp32 = report["variants"]["fp32"]["targets"]["arm"]["measured"]
+    assert fp32["measured"] is False and "tensorflow" in fp32["reason"]
+    return measured
+
+
+def test_emulated_board_measures_and_validates_litert_int8(
+        digits_example: Path, workspace: Path, prefect_server: None, emulated_board: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    connect = "qemu://aarch64?cpu=cortex-a76"
+    recipe = write_recipe(workspace, digits_example, connect)
+    assert main(["run", str(recipe), "-o", str(workspace / "out")]) == 0
+    console = capsys.readouterr().out
+    report = json.loads((workspace / "out" / "report.json").read_text())
+    measured = check_measured(report, connect)
+    assert measured["emulated"] is True
+    # the console and the page show the board's figures, labelled apart
+    assert "measured on arm's board: qemu://aarch64?cpu=cortex-a76, aarch64 Cortex-A76 " \
+           "(emulated)" in console
+    assert "its timings are qemu's, not the core's" in console
+    page = (workspace / "out" / "report.html").read_text()
+    assert "Measured on the targets' boards" in page and "Cortex-A76" in page
+    # a re-run measures nothing again: the board's figures come from the cache
+    assert main(["run", str(recipe), "-o", str(workspace / "out")]) == 0
+    again = json.loads((workspace / "out" / "report.json").read_text())
+    stages = again["variants"]["litert_int8"]["stages"]
+    assert all(stage["cached"] for stage in stages)
+    assert again["variants"]["litert_int8"]["targets"]["arm"]["measured"] == measured
+
+
+def test_ssh_board_on_loopback_measures_litert_int8(
+        digits_example: Path, workspace: Path, prefect_server: None, emulated_board: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.ssh_board import start_ssh_board
+
+    board = start_ssh_board(workspace / "sshd")
+    try:
+        monkeypatch.setenv("ORCHESTRATOR_SSH_CONFIG", str(board.config))
+        connect = board.url(python=str(emulated_board / "bin" / "python3-cortex-a76"))
+        recipe = write_recipe(workspace, digits_example, connect)
+        assert main(["run", str(recipe), "-o", str(workspace / "out")]) == 0
+        report = json.loads((workspace / "out" / "report.json").read_text())
+        measured = check_measured(report, connect)
+        assert measured["emulated"] is False  # ssh: a real board as far as we can tell
+        # a real board's latency is what selection reads
+        arm = report["variants"]["litert_int8"]["targets"]["arm"]
+        assert arm["latency_basis"] == "measured on arm's board"
+        assert arm["latency_ms"] == measured["latency_ms"]["p50"]
+        # the run closed its connection: no session is left on the board
+        assert board.session_pids() == []
+    finally:
+        board.stop()
