@@ -284,6 +284,8 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
         stage.prepare(params)  # the memory probe's TensorFlow import overlaps ours
     opened = open_model(path, args.key_env, args.key_file)
     artifact = with_input_shapes(opened, resolve_shapes(opened, given))
+    if args.on:
+        return benchmark_on_board(args, opened, artifact, values)
     result = run_benchmark(artifact, params, opened.key, path)
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
@@ -296,6 +298,67 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
         print(json.dumps(result.info, indent=2, default=str))
     else:
         print(format_report(opened, artifact, params, result))
+    return 0
+
+
+def benchmark_on_board(args: argparse.Namespace, opened: OpenedModel,
+                       artifact: ModelArtifact, values: Mapping[str, Any]) -> int:
+    """`--on URL`: the measure_on_device stage on the file, on that board, fed random
+    inputs; its outputs there compared with this host's for the same file."""
+    from orchestrator.devices.urls import DeviceURLError, parse_device_url
+    from orchestrator.stages import StageContext, get_stage
+
+    try:
+        url = parse_device_url(args.on)
+    except DeviceURLError as exc:
+        raise UsageError(f"--on: {exc}") from None
+    stage = get_stage("measure_on_device")
+    known = {k: v for k, v in values.items() if k in ("runs", "warmup", "threads")}
+    params = stage.params(target="board", connect=url.text, **known)
+    key = opened.key
+    context = StageContext(pipeline="benchmark", stage=stage.name,
+                           model_key=None if key is None else (lambda _kid: key))
+    try:
+        result = stage.run(artifact, params, context)
+    except OrchestratorError as exc:
+        raise StageError(str(exc), stage="measure_on_device") from exc
+    finally:
+        from orchestrator.devices.session import close_sessions
+
+        close_sessions()
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    measured = result.info["device"]["board"]
+    if args.json:
+        print(json.dumps(measured, indent=2, default=str))
+        return 0
+    board = measured["board"]
+    lines = [f"Model: {opened.path} ({opened.how})",
+             f"Measured on {url.text}: {board.get('machine')} {board.get('cpu')}, "
+             f"{board.get('cores')} cores, Python {board.get('python')}, LiteRT "
+             f"{(board.get('runtimes') or {}).get('ai_edge_litert')}"
+             + (" (emulated: these timings are qemu's, not the core's)" if url.emulated
+                else "")]
+    if not measured.get("measured"):
+        lines.append(f"Not measured there: {measured.get('reason')}")
+        print("\n".join(lines))
+        return 0
+    lines.append(f"Latency, {params.warmup} warm-up + {params.runs} timed runs per setting "
+                 "(first: the cold run; curr: the last):")
+    lines += [_latency_line(row["threads"], row["latency_ms"])
+              for row in measured["threads_matrix"]]
+    load = measured.get("load") or {}
+    if "load_ms" in load:
+        lines.append(f"Memory of a fresh process on the board that loads the file and runs "
+                     f"it once: load {format_ms(load['load_ms'])}, resident "
+                     f"+{format_mib(load['rss_growth_mb'])}, heap (RssAnon) "
+                     f"+{format_mib(load['anon_growth_mb'])}")
+    lines.append(f"Outputs on {measured['samples']} random inputs against this host's for "
+                 "the same file:")
+    lines += [f"  {name}: top-1 agreement {o['top1_agreement']:.4f}, max abs diff "
+              f"{o['max_abs_diff']:.3g}, SQNR {o['sqnr_db']:.1f} dB"
+              for name, o in measured["outputs"].items()]
+    print("\n".join(lines))
     return 0
 
 
@@ -328,6 +391,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--key-file", type=Path, default=None,
                        help="file holding the key of an encrypted model (instead of the "
                        "environment variable)")
+    bench.add_argument("--on", default=None, metavar="URL",
+                       help="measure on a board instead: ssh://[user@]host[:port] or "
+                       "qemu://aarch64?cpu=cortex-a76 (latency, load, memory, and its "
+                       "outputs against this host's)")
     bench.add_argument("--json", action="store_true",
                        help="print the benchmark stage's info as JSON (as report.json "
                        "holds it) instead of the tables")

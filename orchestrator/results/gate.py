@@ -319,8 +319,38 @@ def compare(report: Mapping[str, Any], baseline: Mapping[str, Any], limits: Limi
             result.rows.append(_compare_growth(row, _est(base, target), _est(new, target),
                                                limits.max_latency_growth_pct, format_ms,
                                                floor=_est_floor(new, target, limits)))
+            result.rows.extend(_device_rows(name, target, base, new, limits))
     result.notes.extend(_selection_notes(report, baseline))
     return result
+
+
+def _on_board(variant: Mapping[str, Any], target: str) -> Mapping[str, Any] | None:
+    measured = (variant.get("targets", {}).get(target) or {}).get("measured")
+    return measured if measured and measured.get("measured") else None
+
+
+def _device_rows(name: str, target: str, base: Mapping[str, Any], new: Mapping[str, Any],
+                 limits: Limits) -> list[Row]:
+    """The target's board figures, where both runs measured the variant there: accuracy
+    and agreement with the host on the board, and its latency where the board is real
+    (an emulated board's timings are qemu's)."""
+    mine, theirs = _on_board(new, target), _on_board(base, target)
+    if mine is None or theirs is None:
+        return []
+    rows = [_compare_drop(_row(name, f"{target} accuracy (board)",
+                               f"accuracy on {target}'s board"),
+                          theirs.get("accuracy"), mine.get("accuracy"),
+                          limits.max_accuracy_drop),
+            _compare_drop(_row(name, f"{target} agreement (board)",
+                               f"top-1 agreement of {target}'s board with the host"),
+                          theirs.get("top1_agreement"), mine.get("top1_agreement"),
+                          limits.max_fidelity_drop)]
+    if not mine.get("emulated") and not theirs.get("emulated"):
+        rows.append(_compare_growth(
+            _row(name, f"{target} p50 (board)", f"latency measured on {target}'s board (p50)"),
+            theirs["latency_ms"]["p50"], mine["latency_ms"]["p50"],
+            limits.max_latency_growth_pct, format_ms, floor=limits.min_latency_change_ms))
+    return rows
 
 
 def _selection_notes(report: Mapping[str, Any], baseline: Mapping[str, Any]) -> list[str]:

@@ -25,6 +25,8 @@ from orchestrator.model.artifact import ModelArtifact
 from orchestrator.stages import register
 from orchestrator.stages.base import ANY_KIND, Stage, StageContext, StageParams, StageResult
 
+# inputs run on the board when the recipe has no evaluation data
+RANDOM_SAMPLES = 16
 # timings whose coefficient of variation is above this are called noise
 NOISY_CV = 0.15
 
@@ -101,8 +103,11 @@ def _inputs(given: ModelArtifact, ctx: StageContext, samples: int | None) -> tup
         return data.inputs[:count], None if data.labels is None else data.labels[:count]
     from orchestrator.measure.tf_runtime import random_input
 
+    import numpy as np
+
     spec = given.inputs[0]
-    return random_input(list(spec.shape or [1]), spec.dtype, samples or 16, seed=0), None
+    shape = [None, *(spec.shape or [1])[1:]]  # the batch is the samples, whatever it was
+    return np.asarray(random_input(shape, spec.dtype, samples or RANDOM_SAMPLES, seed=0)), None
 
 
 def _host_outputs(given: ModelArtifact, ctx: StageContext, inputs: Any) -> list[Any]:
