@@ -35,13 +35,6 @@ class DeviceURL:
     def emulated(self) -> bool:
         return self.scheme == "qemu"
 
-    @property
-    def lock_name(self) -> str:
-        """One name per board: what two measurements must not share."""
-        if self.emulated:
-            return f"qemu-{self.host}-{self.cpu}"
-        return f"ssh-{self.user or ''}@{self.host}:{self.port or 22}"
-
 
 def parse_device_url(text: str) -> DeviceURL:
     """The URL checked; DeviceURLError with the reason and the forms that work."""

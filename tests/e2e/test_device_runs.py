@@ -86,7 +86,7 @@ def test_emulated_board_measures_and_validates_litert_int8(
 def test_ssh_board_on_loopback_measures_litert_int8(
         digits_example: Path, workspace: Path, prefect_server: None, emulated_board: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.ssh_board import start_ssh_board
+    from ssh_board import start_ssh_board
 
     board = start_ssh_board(workspace / "sshd")
     try:
