@@ -101,9 +101,9 @@ def _inputs(given: ModelArtifact, ctx: StageContext, samples: int | None) -> tup
         data = ctx.evaluation()
         count = samples or len(data.inputs)
         return data.inputs[:count], None if data.labels is None else data.labels[:count]
-    from orchestrator.measure.tf_runtime import random_input
-
     import numpy as np
+
+    from orchestrator.measure.tf_runtime import random_input
 
     spec = given.inputs[0]
     shape = [None, *(spec.shape or [1])[1:]]  # the batch is the samples, whatever it was
