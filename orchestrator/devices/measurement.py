@@ -99,19 +99,30 @@ def measure(session: BoardSession, artifact: ModelArtifact, keys: KeyLookup | No
 def compare(device: Sequence[np.ndarray], host: Sequence[np.ndarray], names: Sequence[str],
             labels: np.ndarray | None) -> dict[str, Any]:
     """Accuracy on the device (labelled data, class scores) and, per output, how the
-    device's values agree with this host's for the same file."""
+    device's values agree with this host's for the same file: max abs difference and SQNR
+    for every output, top-1 agreement for class outputs (an output's kind as evaluate
+    judges it). `top1_agreement` is the lowest of the class outputs'; `fidelity` the
+    scalar evaluate reports (top-1 agreement of the first class output, else the lowest
+    1 - noise/signal energy)."""
     from orchestrator.measure import fidelity
 
-    per_output: dict[str, dict[str, float]] = {}
+    per_output: dict[str, dict[str, Any]] = {}
+    judged = []
     for name, mine, theirs in zip(names, device, host, strict=False):
         mine, theirs = np.asarray(mine, np.float64), np.asarray(theirs, np.float64)
-        per_output[name] = {
-            "top1_agreement": round(fidelity.top1_agreement(mine, theirs), 6),
-            "max_abs_diff": float(f"{fidelity.max_abs_diff(mine, theirs):.6g}"),
+        kind = fidelity.output_kind(theirs, labelled=labels is not None)
+        judged.append((kind, mine, theirs))
+        figures: dict[str, Any] = {
+            "kind": kind, "max_abs_diff": float(f"{fidelity.max_abs_diff(mine, theirs):.6g}"),
             "sqnr_db": round(fidelity.sqnr_db(mine, theirs), 3)}
-    result: dict[str, Any] = {"outputs": per_output}
-    if per_output:
-        result["top1_agreement"] = min(o["top1_agreement"] for o in per_output.values())
+        if kind in fidelity.CLASS_KINDS:
+            figures["top1_agreement"] = round(fidelity.top1_agreement(mine, theirs), 6)
+        per_output[name] = figures
+    result: dict[str, Any] = {"outputs": per_output,
+                              "fidelity": round(fidelity.fidelity_of(judged), 6)}
+    agreements = [o["top1_agreement"] for o in per_output.values() if "top1_agreement" in o]
+    if agreements:
+        result["top1_agreement"] = min(agreements)
     if labels is not None and device:
         accuracy = fidelity.top1_accuracy(np.asarray(device[0]), labels[:len(device[0])])
         host_accuracy = fidelity.top1_accuracy(np.asarray(host[0]), labels[:len(host[0])])

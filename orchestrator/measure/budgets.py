@@ -291,7 +291,9 @@ def check_budgets(variant: Mapping[str, Any], budgets: Any, est_latency_ms: floa
                                         f"{budgets.max_latency_ms:g} ms", LATENCY))
     minimum = getattr(budgets, "min_device_agreement", None)
     if minimum is not None:
-        agreement = (on_device or {}).get("top1_agreement")
+        # the class outputs' top-1 agreement, else the energy fidelity of the others
+        agreement = (on_device or {}).get("top1_agreement", (on_device or {}).get(
+            "fidelity"))
         if agreement is None:
             reason = (on_device or {}).get("reason") or "add connect: to the target"
             violations.append(Violation(f"device agreement not measured: {reason}", FIDELITY))

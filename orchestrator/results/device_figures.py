@@ -55,7 +55,9 @@ def device_rows(report: Mapping[str, Any]) -> list[dict[str, str]]:
                     f", +{load['rss_growth_mb']:.1f} MiB" if "rss_growth_mb" in load else ""),
                 "accuracy (host)": f"{format_number(measured.get('accuracy'), '.4f')} ("
                                    f"{format_number(measured.get('host_accuracy'), '.4f')})",
-                "top-1 agreement": format_number(measured.get("top1_agreement"), ".4f"),
+                "top-1 agreement": format_number(measured.get("top1_agreement"), ".4f")
+                if measured.get("top1_agreement") is not None else
+                f"- (fidelity {format_number(measured.get('fidelity'), '.4f')})",
                 "max abs diff": "-" if worst is None else f"{worst:.3g}",
                 "cv": format_number(latency.get("cv"), ".2f"),
                 "note": "emulated" if emulated else ""})

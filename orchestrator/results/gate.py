@@ -343,7 +343,8 @@ def _device_rows(name: str, target: str, base: Mapping[str, Any], new: Mapping[s
                           limits.max_accuracy_drop),
             _compare_drop(_row(name, f"{target} agreement (board)",
                                f"top-1 agreement of {target}'s board with the host"),
-                          theirs.get("top1_agreement"), mine.get("top1_agreement"),
+                          theirs.get("top1_agreement", theirs.get("fidelity")),
+                          mine.get("top1_agreement", mine.get("fidelity")),
                           limits.max_fidelity_drop)]
     if not mine.get("emulated") and not theirs.get("emulated"):
         rows.append(_compare_growth(

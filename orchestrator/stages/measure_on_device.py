@@ -83,8 +83,10 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
         drop_session(url)
         raise DeviceLost(f"target {params.target}: {exc.message}") from None
     host_outputs = _host_outputs(given, ctx, inputs)
-    compared = measurement.compare(reply["outputs"], host_outputs, list(given.outputs),
-                                   labels)
+    from orchestrator.measure.fidelity import output_names
+
+    compared = measurement.compare(reply["outputs"], host_outputs,
+                                   output_names(list(given.outputs), given.metadata), labels)
     matrix = [{"threads": int(t), "latency_ms": stats} for t, stats in reply["threads"].items()]
     result.update(measured=True, latency_ms=matrix[0]["latency_ms"], threads_matrix=matrix,
                   threads=matrix[0]["threads"], load=reply["load"], noise=reply["noise"],
@@ -119,7 +121,9 @@ def _host_outputs(given: ModelArtifact, ctx: StageContext, inputs: Any) -> list[
 
 def _metrics(target: str, result: dict[str, Any]) -> dict[str, float]:
     metrics = {f"device_latency_p50_ms.{target}": result["latency_ms"]["p50"],
-               f"device_top1_agreement.{target}": result.get("top1_agreement", 1.0)}
+               f"device_fidelity.{target}": result["fidelity"]}
+    if result.get("top1_agreement") is not None:
+        metrics[f"device_top1_agreement.{target}"] = result["top1_agreement"]
     if result.get("accuracy") is not None:
         metrics[f"device_accuracy.{target}"] = result["accuracy"]
     load = result.get("load") or {}
@@ -133,7 +137,10 @@ def _warnings(params: Params, result: dict[str, Any]) -> list[str]:
     where = f"{params.target} ({result['where']})"
     disagree = [f"{name} (top-1 agreement {o['top1_agreement']:.4f}, max abs diff "
                 f"{o['max_abs_diff']:.3g})" for name, o in result["outputs"].items()
-                if o["top1_agreement"] < params.min_agreement]
+                if o.get("top1_agreement", 1.0) < params.min_agreement]
+    if result["fidelity"] < params.min_agreement and not disagree:
+        disagree = [f"{name} (SQNR {o['sqnr_db']:.1f} dB, max abs diff "
+                    f"{o['max_abs_diff']:.3g})" for name, o in result["outputs"].items()]
     if disagree:
         warnings.append(f"{where}: the board's outputs disagree with this host's for the "
                         f"same file: {', '.join(disagree)}")
