@@ -492,9 +492,10 @@ def sweep_stale_jobs():
 
 
 def board_site():
-    """Where `orchestrator device prepare` installs the runtimes on the board (per Python)."""
+    """Where `orchestrator device prepare` installs the runtimes on the board: per Python
+    and machine (a home folder may be shared by boards of several kinds)."""
     return os.path.join(os.path.expanduser("~"), ".cache", "orchestrator-board",
-                        "site-cp%d%d" % sys.version_info[:2])
+                        "site-cp%d%d-%s" % (sys.version_info[:2] + (platform.machine(),)))
 
 
 def add_board_site():

@@ -3,7 +3,7 @@
 This host downloads the wheels for the board's own platform and Python (pip's
 `--platform`, `--python-version`, `--only-binary`), installs them into a folder here, and
 sends that folder over the run's SSH connection into the board's
-`~/.cache/orchestrator-board/site-cpXY`, which the measuring program puts first on its
+`~/.cache/orchestrator-board/site-cpXY-<machine>`, which the measuring program puts first on its
 path. Nothing is installed system-wide on the board, and nothing there needs pip. The
 emulated board is built instead (devices/emulated_board.py).
 """
@@ -95,7 +95,7 @@ def prepare(url: DeviceURL, runtimes: list[str], say: Callable[[str], None] = pr
                                     f"{done.stderr.strip().splitlines()[-1:]}")
         archive = io.BytesIO()
         with tarfile.open(fileobj=archive, mode="w:gz") as tar:
-            tar.add(site, arcname=f"site-{tag}")
+            tar.add(site, arcname="site")
         say(f"sending {archive.tell() / 2**20:.1f} MiB to {board['site']}")
         transport = SshTransport(url)
         transport.open()

@@ -1,0 +1,240 @@
+"""Boards are shared and flaky: each fault against a real OpenSSH server on loopback whose
+board is the emulated aarch64 Python (tests/ssh_board.py).
+
+- a board that cannot be reached, an unknown host key, a runtime missing there: exit 2
+  before any stage runs, naming the target, the URL and the fix; nothing written;
+- a connection lost mid-measurement, then the board rebooting: exit 3 naming the stage,
+  target and board, within a bounded time; nothing half-written; the re-run reuses every
+  stage that finished, and the dead runner's folder on the board is removed;
+- a board that hangs mid-measurement: exit 3 at the stage's timeout.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from robust_helpers import (
+    DIGITS,
+    RUN_TIMEOUT_S,
+    cache_entries,
+    check_clean_error,
+    cli_subprocess,
+    partial_cache_entries,
+    start_cli,
+    wait_all,
+    wait_for,
+    write_yaml,
+)
+
+pytestmark = [pytest.mark.device, pytest.mark.slow]
+
+CORE = "cortex-a76"
+
+
+@pytest.fixture
+def board(tmp_path: Path, emulated_board: Path) -> Iterator[object]:
+    from ssh_board import start_ssh_board
+
+    started = start_ssh_board(tmp_path / "sshd")
+    yield started
+    started.stop()
+
+
+def board_python(folder: Path, emulated: Path, with_runtimes: bool = True) -> Path:
+    """The board's Python, as the SSH server's sessions start it: the emulated aarch64
+    Python, with a temp dir and a home of this test's own (the board's lock, its job
+    folders and what `device prepare` installs stay here); without the runtimes (no
+    PYTHONPATH to the board's wheels) for a board that was never prepared."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tmp").mkdir(exist_ok=True)
+    (folder / "home").mkdir(exist_ok=True)
+    script = folder / "python3"
+    runtimes = f'PYTHONPATH="{emulated}/site" ' if with_runtimes else ""
+    script.write_text(
+        "#!/bin/sh\n"
+        f'export TMPDIR="{folder}/tmp" HOME="{folder}/home" '
+        f'ORCHESTRATOR_BOARD_PYTHON="{script}"\n'
+        f"{runtimes}exec qemu-aarch64-static -cpu {CORE} -L {emulated}/cpus/{CORE} "
+        f'{emulated}/root/usr/bin/python3.11 "$@"\n')
+    script.chmod(0o755)
+    return script
+
+
+def recipe(folder: Path, connect: str, runs: int = 50, timeout_s: float = 120) -> Path:
+    """The digits model's LiteRT int8 file, measured on the board (`runs` timed runs)."""
+    return write_yaml(folder / "device.yaml", {
+        "version": 1, "name": "device-faults",
+        "model": {"path": str(DIGITS / "saved_model")},
+        "data": {"representative": {"source": str(DIGITS / "data.npz"), "array": "x_calib",
+                                    "samples": 50},
+                 "evaluation": {"source": str(DIGITS / "data.npz"), "inputs": "x_test",
+                                "labels": "y_test"}},
+        "targets": [{"name": "arm", "device": "phone-modern", "connect": connect}],
+        "pipelines": {"fp32": {"stages": ["freeze", "strip", "fold"]},
+                      "litert_int8": {"from": "fp32", "stages": [
+                          {"convert_tflite": {"mode": "int8"}}, "evaluate",
+                          {"measure_on_device": {"target": "arm", "runs": runs,
+                                                 "timeout_s": timeout_s}}]}}})
+
+
+def env_for(run_env: dict[str, str], config: Path) -> dict[str, str]:
+    return {**run_env, "ORCHESTRATOR_SSH_CONFIG": str(config)}
+
+
+def nothing_written(tmp_path: Path) -> None:
+    assert not (tmp_path / "out").exists()
+    assert partial_cache_entries(tmp_path / ".orchestrator") == []
+
+
+def test_an_unreachable_board_is_exit_2_before_any_stage(tmp_path: Path,
+                                                         run_env: dict[str, str],
+                                                         board: object) -> None:
+    port = board.port
+    board.stop()  # nothing listens there now
+    connect = f"ssh://root@127.0.0.1:{port}"
+    done = cli_subprocess(["run", recipe(tmp_path, connect), "-o", tmp_path / "out"],
+                          env_for(run_env, board.config), tmp_path, timeout=RUN_TIMEOUT_S)
+    message = check_clean_error(done.code, done.err, "target arm", connect,
+                                "orchestrator device check", "device.yaml:")
+    assert "Connection refused" in message
+    # before any stage: not even the source model was stored
+    assert cache_entries(tmp_path / ".orchestrator") == set()
+    nothing_written(tmp_path)
+
+
+def test_an_unknown_host_key_is_refused_until_accepted(tmp_path: Path,
+                                                       run_env: dict[str, str], board: object,
+                                                       emulated_board: Path) -> None:
+    python = board_python(tmp_path / "board", emulated_board)
+    connect = board.url(python=str(python))
+    strict = env_for(run_env, board.config_without_known_host())
+    done = cli_subprocess(["run", recipe(tmp_path, connect), "-o", tmp_path / "out"], strict,
+                          tmp_path, timeout=RUN_TIMEOUT_S)
+    check_clean_error(done.code, done.err, "target arm", "host key",
+                      "--accept-host-key")
+    nothing_written(tmp_path)
+    # the user accepts it, explicitly, once: then the board answers
+    check = cli_subprocess(["device", "check", connect], strict, tmp_path)
+    assert check.code == 2 and "--accept-host-key" in check.err
+    accepted = cli_subprocess(["device", "check", connect, "--accept-host-key"], strict,
+                              tmp_path)
+    assert accepted.code == 0, accepted.err
+    assert "machine: aarch64" in accepted.out and "Cortex-A76" in accepted.out
+    again = cli_subprocess(["device", "check", connect], strict, tmp_path)
+    assert again.code == 0, again.err
+
+
+def test_a_board_without_its_runtimes_is_exit_2_until_prepared(
+        tmp_path: Path, run_env: dict[str, str], board: object,
+        emulated_board: Path) -> None:
+    python = board_python(tmp_path / "board", emulated_board, with_runtimes=False)
+    connect = board.url(python=str(python))
+    env = env_for(run_env, board.config)
+    done = cli_subprocess(["run", recipe(tmp_path, connect), "-o", tmp_path / "out"], env,
+                          tmp_path, timeout=RUN_TIMEOUT_S)
+    check_clean_error(done.code, done.err, "target arm", connect, "ai_edge_litert", "numpy",
+                      f"orchestrator device prepare {connect}")
+    assert cache_entries(tmp_path / ".orchestrator") == set()
+    nothing_written(tmp_path)
+    # prepare: this host fetches the board's wheels and sends them over the connection
+    prepared = cli_subprocess(["device", "prepare", connect], env, tmp_path, timeout=600)
+    assert prepared.code == 0, prepared.err[-3000:]
+    site = tmp_path / "board" / "home" / ".cache" / "orchestrator-board"
+    assert [p.name for p in site.iterdir()] == ["site-cp311-aarch64"]
+    check = cli_subprocess(["device", "check", connect], env, tmp_path)
+    assert check.code == 0 and "LiteRT .tflite files: can measure" in check.out, check.out
+
+
+def _measuring(tmp: Path) -> bool:
+    """Whether a measurement holds the board's lock (in the board's own temp dir)."""
+    lock = tmp / "orchestrator-board" / "lock"
+    if not lock.exists():
+        return False
+    with open(lock, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return False
+
+
+def _runner_pids(board: object) -> list[int]:
+    """The board's measuring programs (under qemu), among the SSH server's processes."""
+    found = []
+    for pid in board.descendants():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"orchestrator-board-runner" in cmdline:
+            found.append(pid)
+    return found
+
+
+def test_a_lost_connection_then_a_reboot_and_the_rerun_reuses_what_finished(
+        tmp_path: Path, run_env: dict[str, str], board: object,
+        emulated_board: Path) -> None:
+    python = board_python(tmp_path / "board", emulated_board)
+    connect = board.url(python=str(python))
+    env = env_for(run_env, board.config)
+    args = ["run", recipe(tmp_path, connect, runs=4000), "-o", tmp_path / "out"]
+    run = start_cli(args, env, tmp_path, tmp_path / "logs-1")
+    board_tmp = tmp_path / "board" / "tmp"
+    assert wait_for(lambda: _measuring(board_tmp), RUN_TIMEOUT_S, 0.05), run.stderr()
+    killed = board.kill_sessions()  # the connection drops mid-measurement
+    assert killed >= 1
+    [code] = wait_all([run], timeout=RUN_TIMEOUT_S)
+    message = check_clean_error(code, run.stderr(), "measure_on_device", "target arm",
+                                connect, exit_code=3, progress_ok=True)
+    assert "the connection was lost" in message or "ended" in message, message
+    nothing_written(tmp_path)
+    # the board reboots: every process on it ends, what a runner left stays on its disk
+    board.stop()
+    for pid in _runner_pids(board):
+        os.kill(pid, signal.SIGKILL)
+    board.restart()
+    left = sorted((board_tmp / "orchestrator-board").glob("job-*"))
+    rerun = start_cli(args, env, tmp_path, tmp_path / "logs-2")
+    [code] = wait_all([rerun], timeout=RUN_TIMEOUT_S * 2)
+    assert code == 0, rerun.stderr()[-3000:]
+    import json
+
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    stages = {s["name"]: s["cached"] for s in report["variants"]["litert_int8"]["stages"]}
+    assert stages == {"convert_tflite": True, "evaluate": True, "measure_on_device": False}
+    assert report["variants"]["litert_int8"]["targets"]["arm"]["measured"]["measured"]
+    # the folders a dead runner left are gone, and the re-run's own too
+    assert not any(path.exists() for path in left)
+    assert list((board_tmp / "orchestrator-board").glob("job-*")) == []
+
+
+def test_a_board_that_hangs_mid_measurement_is_exit_3_at_the_timeout(
+        tmp_path: Path, run_env: dict[str, str], board: object,
+        emulated_board: Path) -> None:
+    python = board_python(tmp_path / "board", emulated_board)
+    connect = board.url(python=str(python))
+    env = env_for(run_env, board.config)
+    args = ["run", recipe(tmp_path, connect, runs=4000, timeout_s=15), "-o",
+            tmp_path / "out"]
+    run = start_cli(args, env, tmp_path, tmp_path / "logs")
+    assert wait_for(lambda: _measuring(tmp_path / "board" / "tmp"), RUN_TIMEOUT_S, 0.05), \
+        run.stderr()
+    frozen = _runner_pids(board)
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)  # the board stops answering, the connection stays up
+    try:
+        [code] = wait_all([run], timeout=RUN_TIMEOUT_S)
+    finally:
+        for pid in frozen:
+            with __import__("contextlib").suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    message = check_clean_error(code, run.stderr(), "measure_on_device", "target arm",
+                                connect, exit_code=3, progress_ok=True)
+    assert "no answer in time" in message
+    nothing_written(tmp_path)
