@@ -97,20 +97,23 @@ def measure(session: BoardSession, artifact: ModelArtifact, keys: KeyLookup | No
 
 
 def compare(device: Sequence[np.ndarray], host: Sequence[np.ndarray], names: Sequence[str],
-            labels: np.ndarray | None) -> dict[str, Any]:
+            labels: np.ndarray | None, kinds: Sequence[str] | None = None) -> dict[str, Any]:
     """Accuracy on the device (labelled data, class scores) and, per output, how the
     device's values agree with this host's for the same file: max abs difference and SQNR
     for every output, top-1 agreement for class outputs (an output's kind as evaluate
-    judges it). `top1_agreement` is the lowest of the class outputs'; `fidelity` the
+    judges it: `kinds`, from the source model's outputs, else from this host's). An 8-bit
+    file's scores no longer sum to one exactly, so the source says what they are.
+    `top1_agreement` is the lowest of the class outputs'; `fidelity` the
     scalar evaluate reports (top-1 agreement of the first class output, else the lowest
     1 - noise/signal energy)."""
     from orchestrator.measure import fidelity
 
     per_output: dict[str, dict[str, Any]] = {}
     judged = []
-    for name, mine, theirs in zip(names, device, host, strict=False):
+    for index, (name, mine, theirs) in enumerate(zip(names, device, host, strict=False)):
         mine, theirs = np.asarray(mine, np.float64), np.asarray(theirs, np.float64)
-        kind = fidelity.output_kind(theirs, labelled=labels is not None)
+        kind = kinds[index] if kinds is not None and index < len(kinds) else (
+            fidelity.output_kind(theirs, labelled=labels is not None))
         judged.append((kind, mine, theirs))
         figures: dict[str, Any] = {
             "kind": kind, "max_abs_diff": float(f"{fidelity.max_abs_diff(mine, theirs):.6g}"),

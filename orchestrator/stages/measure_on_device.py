@@ -83,10 +83,18 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
         drop_session(url)
         raise DeviceLost(f"target {params.target}: {exc.message}") from None
     host_outputs = _host_outputs(given, ctx, inputs)
-    from orchestrator.measure.fidelity import output_names
+    from orchestrator.measure.fidelity import output_kind, output_names
 
+    # what each output is, judged on the source model's own outputs (as evaluate does)
+    kinds = None
+    if ctx.reference_outputs is not None:
+        references = ctx.reference_outputs()
+        references = [references] if hasattr(references, "shape") else references
+        kinds = [output_kind(reference[:len(inputs)], labelled=labels is not None)
+                 for reference in references]
     compared = measurement.compare(reply["outputs"], host_outputs,
-                                   output_names(list(given.outputs), given.metadata), labels)
+                                   output_names(list(given.outputs), given.metadata), labels,
+                                   kinds)
     matrix = [{"threads": int(t), "latency_ms": stats} for t, stats in reply["threads"].items()]
     result.update(measured=True, latency_ms=matrix[0]["latency_ms"], threads_matrix=matrix,
                   threads=matrix[0]["threads"], load=reply["load"], noise=reply["noise"],
