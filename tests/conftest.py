@@ -279,6 +279,7 @@ LONGEST_FIRST = (
     "test_benchmarks_quick.py",
     "robustness/test_server_faults.py",
     "e2e/test_scale_out.py",  # next to the other file of its stack (SAME_WORKER)
+    "robustness/test_device_faults.py",
     "test_prefect_server.py",
     "robustness/test_object_store_faults.py",
     "e2e/test_deploy.py",
@@ -300,6 +301,7 @@ LONGEST_FIRST = (
     "robustness/test_output_folder.py",
     "test_warm_up.py",
     "e2e/test_digits.py",
+    "e2e/test_device_runs.py",
 )
 
 

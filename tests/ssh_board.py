@@ -2,11 +2,28 @@
 temporary folder with its own host key and user key, and a client config that reaches it
 non-interactively with strict host key checking. Its faults are real ones: sessions
 killed (a connection lost), the server stopped and started again (a board that rebooted).
+
+    board = start_ssh_board(tmp_path / "sshd")
+    try:
+        ssh -F board.config -p board.port root@127.0.0.1 ...   (or board.url(python=...))
+    finally:
+        board.stop()
+
+Plain functions and a dataclass: the pytest fixtures are built on top of it elsewhere.
+
+Process layout (OpenSSH 9.2, as root): the listener (`sshd -D`, started in a session of
+its own) forks one sshd per connection; each of those calls setsid() and forks what the
+client runs, in a session of its own again. So no process group holds a board's
+processes: they are found through /proc, by parent (`descendants()`) and, for those
+orphaned when their session was killed, by environment: sshd and its per-connection
+children carry SSH_BOARD_FOLDER=<folder>, what the sessions run carries the
+SSH_CONNECTION that names this server's port (`processes()`).
 """
 
 from __future__ import annotations
 
 import os
+import pwd
 import signal
 import socket
 import subprocess
@@ -16,150 +33,358 @@ from pathlib import Path
 from urllib.parse import quote
 
 SSHD = "/usr/sbin/sshd"
-START_TIMEOUT_S = 15
+HOST = "127.0.0.1"
+MARKER_ENV = "SSH_BOARD_FOLDER"  # in the environment of sshd and its per-connection copies
+START_TIMEOUT_S = 10  # one launch: until `ssh ... true` succeeds
+RESTART_WINDOW_S = 5  # restart(): relaunches on the same port while it is still held
+PORT_ATTEMPTS = 5  # start_ssh_board(): fresh ports when one got taken meanwhile
+GONE_TIMEOUT_S = 5  # killed processes: until /proc no longer shows them alive
+LOG_TAIL_CHARS = 3000
 
+
+class SshdExited(RuntimeError):
+    """sshd ended before answering: most often its port was taken (see sshd.log)."""
+
+
+# -- /proc ---------------------------------------------------------------------------------
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, ppid) of a process, None when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    fields = text.rsplit(")", 1)[1].split()
+    return fields[0], int(fields[1])
+
+
+def _alive(pid: int) -> bool:
+    stat = _stat(pid)
+    return stat is not None and stat[0] not in ("Z", "X")
+
+
+def _parents() -> dict[int, int]:
+    """pid -> ppid of every live process."""
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            stat = _stat(int(entry.name))
+            if stat is not None and stat[0] not in ("Z", "X"):
+                table[int(entry.name)] = stat[1]
+    return table
+
+
+def _environ(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _kill(pids: list[int]) -> list[int]:
+    """SIGKILL each; the ones that were there to kill."""
+    killed = []
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except (ProcessLookupError, PermissionError):
+            continue
+    return killed
+
+
+def _wait_gone(pids: list[int], timeout: float = GONE_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+# -- files ---------------------------------------------------------------------------------
 
 def _free_port() -> int:
     with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
+        probe.bind((HOST, 0))
         return probe.getsockname()[1]
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            found.append(int(entry.name))
-    return found
+def _q(path: Path) -> str:
+    """A path as an ssh(d)_config argument."""
+    return f'"{path}"' if any(c.isspace() for c in str(path)) else str(path)
 
+
+def _keygen(path: Path) -> None:
+    if not path.exists():
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ssh-board",
+                        "-f", str(path)], check=True, stdin=subprocess.DEVNULL,
+                       capture_output=True, timeout=30)
+
+
+def _client_config(folder: Path, known_hosts: Path) -> str:
+    return (f"Host {HOST}\n"
+            f"  IdentityFile {_q(folder / 'id_ed25519')}\n"
+            "  IdentitiesOnly yes\n"
+            "  IdentityAgent none\n"
+            f"  UserKnownHostsFile {_q(known_hosts)}\n"
+            "  GlobalKnownHostsFile /dev/null\n"
+            "  StrictHostKeyChecking yes\n"
+            "  UpdateHostKeys no\n"
+            "  BatchMode yes\n"
+            "  PasswordAuthentication no\n"
+            "  KbdInteractiveAuthentication no\n"
+            "  LogLevel ERROR\n")
+
+
+def _configure(folder: Path, port: int) -> Path:
+    """sshd_config, known_hosts and ssh_config for `port`; the client config's path."""
+    (folder / "sshd_config").write_text(
+        f"ListenAddress {HOST}\n"
+        f"Port {port}\n"
+        f"HostKey {_q(folder / 'host_key')}\n"
+        f"PidFile {_q(folder / 'sshd.pid')}\n"
+        f"AuthorizedKeysFile {_q(folder / 'authorized_keys')}\n"
+        "StrictModes no\n"
+        "PermitRootLogin prohibit-password\n"
+        "PubkeyAuthentication yes\n"
+        "PasswordAuthentication no\n"
+        "KbdInteractiveAuthentication no\n"
+        "UsePAM no\n"
+        "PermitUserEnvironment no\n"
+        "PrintMotd no\n"
+        "PrintLastLog no\n"
+        "UseDNS no\n"
+        "Subsystem sftp internal-sftp\n"
+        "MaxSessions 50\n"
+        "MaxStartups 50\n")
+    kind, key = (folder / "host_key.pub").read_text().split()[:2]
+    (folder / "known_hosts").write_text(f"[{HOST}]:{port} {kind} {key}\n")
+    config = folder / "ssh_config"
+    config.write_text(_client_config(folder, folder / "known_hosts"))
+    return config
+
+
+# -- the board -----------------------------------------------------------------------------
 
 @dataclass
 class SshBoard:
-    folder: Path
-    port: int
-    user: str
-    config: Path
+    folder: Path  # everything: keys, configs, sshd.log, sshd.pid
+    port: int  # sshd listens on 127.0.0.1:port
+    user: str  # the login user: this process's own (root here)
+    config: Path  # the client's ssh_config: `ssh -F config -p port user@127.0.0.1 ...`
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    last_error: str = field(default="", repr=False)  # the last failed probe's ssh stderr
+
+    # what the client needs
+
+    @property
+    def destination(self) -> str:
+        return f"{self.user}@{HOST}"
 
     def url(self, python: str | None = None) -> str:
-        base = f"ssh://{self.user}@127.0.0.1:{self.port}"
+        base = f"ssh://{self.user}@{HOST}:{self.port}"
         return base if python is None else f"{base}?python={quote(python, safe='/')}"
 
-    def start(self) -> None:
-        log = open(self.folder / "sshd.log", "ab")  # noqa: SIM115  (the server's own)
-        for _ in range(20):  # the port may be held a moment after a stop
+    def ssh_command(self, *remote: str, config: Path | None = None) -> list[str]:
+        """`ssh -F config -p port user@127.0.0.1 [remote...]`, ready for subprocess."""
+        return ["ssh", "-F", str(config or self.config), "-p", str(self.port),
+                self.destination, *remote]
+
+    def config_without_known_host(self) -> Path:
+        """A client config like `config` whose known_hosts (known_hosts_empty, created
+        empty on the first call and kept afterwards: a test may accept the key into it)
+        does not know the server's key: strict checking refuses the host."""
+        empty = self.folder / "known_hosts_empty"
+        empty.touch()
+        path = self.folder / "ssh_config_unknown_host"
+        path.write_text(_client_config(self.folder, empty))
+        return path
+
+    # the server
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self, window_s: float = 0) -> None:
+        """Launch sshd on `port` and wait until a real `ssh ... true` succeeds. While sshd
+        exits at once (its port still held) it is relaunched for `window_s` seconds; then
+        SshdExited. RuntimeError when it runs but does not let the client in."""
+        if self.running:
+            return
+        deadline = time.monotonic() + window_s
+        while True:
+            try:
+                self._launch()
+                return
+            except SshdExited:
+                if time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.25)
+
+    def _launch(self) -> None:
+        with open(self.folder / "sshd.log", "ab") as log:
+            log.write(f"--- {time.strftime('%H:%M:%S')} ssh_board: sshd on port "
+                      f"{self.port}\n".encode())
+            log.flush()
             self.process = subprocess.Popen(
                 [SSHD, "-D", "-e", "-f", str(self.folder / "sshd_config")],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
-            if self._answers():
-                log.close()
-                return
-            self.stop()
-            time.sleep(0.25)
-        log.close()
-        tail = (self.folder / "sshd.log").read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"sshd did not answer on port {self.port}:\n{tail}")
-
-    def _answers(self) -> bool:
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                env={**os.environ, MARKER_ENV: str(self.folder)})
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                return False
-            done = subprocess.run(["ssh", "-F", str(self.config), "-p", str(self.port),
-                                   f"{self.user}@127.0.0.1", "true"],
-                                  stdin=subprocess.DEVNULL, capture_output=True, check=False,
-                                  timeout=30)
-            if done.returncode == 0:
-                return True
+            if not self.running:
+                self._reap()
+                raise SshdExited(self._failure("sshd exited before answering"))
+            if self._answers():
+                if self.running:  # and not another server that happened to be there
+                    return
+                continue
             time.sleep(0.1)
-        return False
+        self.stop()
+        raise RuntimeError(self._failure(f"sshd did not let ssh in within {START_TIMEOUT_S} s"))
+
+    def _answers(self) -> bool:
+        try:
+            socket.create_connection((HOST, self.port), timeout=1).close()
+        except OSError as exc:
+            self.last_error = f"connect: {exc}"
+            return False
+        try:
+            done = subprocess.run(self.ssh_command("true"), stdin=subprocess.DEVNULL,
+                                  capture_output=True, check=False, timeout=START_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.last_error = "ssh true timed out"
+            return False
+        self.last_error = done.stderr.decode(errors="replace").strip()
+        return done.returncode == 0
+
+    def _failure(self, what: str) -> str:
+        try:
+            tail = (self.folder / "sshd.log").read_text(errors="replace")[-LOG_TAIL_CHARS:]
+        except OSError:
+            tail = "(no sshd.log)"
+        return (f"{what} ({HOST}:{self.port}, {self.folder})\n"
+                f"last ssh error: {self.last_error or '-'}\nsshd.log:\n{tail}")
+
+    def _reap(self) -> None:
+        if self.process is not None:
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        self.process = None
+
+    def stop(self) -> None:
+        """The board powered off: the listener, every session, and everything the sessions
+        ran, orphans included (the ones kill_sessions(keep_commands=True) left). Idempotent."""
+        if self.process is None:
+            return
+        under = self.descendants()
+        _kill([self.process.pid])  # first: no new connection from here on
+        self._reap()
+        doomed = sorted(set(under) | set(self.processes()))
+        for _ in range(5):  # sessions forking as they are killed: until nothing is left
+            _kill(doomed)
+            _wait_gone(doomed)
+            doomed = [pid for pid in self.processes() if _alive(pid)]
+            if not doomed:
+                break
+        try:
+            (self.folder / "sshd.pid").unlink()
+        except OSError:
+            pass
+
+    def restart(self) -> None:
+        """The board rebooted: stopped (if it was not) and started again on the same port
+        with the same keys; relaunched for a few seconds while the port is still held."""
+        self.stop()
+        self.start(window_s=RESTART_WINDOW_S)
+
+    # its processes
 
     def descendants(self) -> list[int]:
-        """Every process under the listener: the sessions and what they run."""
-        if self.process is None:
+        """Every live process under the listener: the sessions and what they run."""
+        if not self.running:
             return []
+        children: dict[int, list[int]] = {}
+        for pid, ppid in _parents().items():
+            children.setdefault(ppid, []).append(pid)
         found, todo = [], [self.process.pid]
         while todo:
-            for child in _children(todo.pop()):
+            for child in children.get(todo.pop(), []):
                 found.append(child)
                 todo.append(child)
         return found
 
     def session_pids(self) -> list[int]:
-        """The per-connection sshd processes (the listener's children)."""
-        return [] if self.process is None else _children(self.process.pid)
+        """The per-connection sshd processes: the listener's children."""
+        if not self.running:
+            return []
+        return sorted(pid for pid, ppid in _parents().items() if ppid == self.process.pid)
 
-    def kill_sessions(self) -> int:
-        """Kill every connection's sshd (not the listener): the clients lose their
-        connection; what the sessions ran goes on, as on a board whose network dropped."""
-        killed = 0
-        for pid in self.session_pids():
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-            except ProcessLookupError:
+    def processes(self) -> list[int]:
+        """Every live process of this board, parented or orphaned: its sshd processes
+        (by SSH_BOARD_FOLDER) and what its sessions ran (by SSH_CONNECTION's port)."""
+        marker = f"{MARKER_ENV}={self.folder}".encode()
+        connection = None  # SSH_CONNECTION=client_ip client_port server_ip server_port
+        found = []
+        for pid in _parents():
+            if pid == os.getpid():
                 continue
-        return killed
+            environ = _environ(pid)
+            if marker in environ or connection in environ:
+                found.append(pid)
+        return sorted(found)
 
-    def stop(self) -> None:
-        """The server and every session it spawned (their process group)."""
-        if self.process is None:
-            return
-        for pid in [*self.descendants(), self.process.pid]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                continue
-        self.process.wait(timeout=10)
-        self.process = None
+    def kill_sessions(self, keep_commands: bool = False) -> int:
+        """A connection lost mid-measurement: SIGKILL every per-connection sshd (not the
+        listener, which accepts new connections as before), so each client sees its
+        connection drop. What the sessions ran is killed too, unless `keep_commands`: then
+        it goes on, orphaned, as on a board whose network dropped (stop() ends it).
+        Returns how many sessions were killed."""
+        sessions = self.session_pids()
+        under = self.descendants()
+        sshds = [pid for pid in under if _comm(pid) == "sshd"]
+        killed = _kill(sshds)  # the connections first: no clean exit status reaches a client
+        if not keep_commands:
+            _kill([pid for pid in under if pid not in sshds])
+        _wait_gone(under if not keep_commands else sshds)
+        return len([pid for pid in killed if pid in sessions])
 
-    def restart(self) -> None:
+    # with-statement
+
+    def __enter__(self) -> SshBoard:
+        return self
+
+    def __exit__(self, *_: object) -> None:
         self.stop()
-        self.start()
-
-    def config_without_known_host(self) -> Path:
-        """A client config whose known_hosts is empty: the server's key is unknown."""
-        path = self.folder / "ssh_config_unknown"
-        empty = self.folder / "known_hosts_empty"
-        empty.touch()
-        path.write_text(self.config.read_text().replace(
-            str(self.folder / "known_hosts"), str(empty)))
-        return path
 
 
 def start_ssh_board(folder: Path) -> SshBoard:
-    """sshd on 127.0.0.1 at a free port, for this user, with keys made in `folder`."""
+    """sshd on 127.0.0.1 at a free port, for this user, with keys made in `folder`;
+    answering (a real `ssh ... true` succeeded) when this returns."""
     folder.mkdir(parents=True, exist_ok=True)
-    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation dir
-    for name in ("host_key", "id_ed25519"):
-        if not (folder / name).exists():
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f",
-                            str(folder / name)], check=True, stdin=subprocess.DEVNULL,
-                           capture_output=True)
+    run_sshd = Path("/run/sshd")  # sshd's privilege separation dir: it refuses to start without
+    if not run_sshd.is_dir():
+        run_sshd.mkdir(mode=0o755, parents=True, exist_ok=True)
+        run_sshd.chmod(0o755)
+    _keygen(folder / "host_key")
+    _keygen(folder / "id_ed25519")
     (folder / "authorized_keys").write_text((folder / "id_ed25519.pub").read_text())
-    port = _free_port()
-    (folder / "sshd_config").write_text(
-        f"ListenAddress 127.0.0.1\nPort {port}\nHostKey {folder}/host_key\n"
-        f"PidFile {folder}/sshd.pid\nAuthorizedKeysFile {folder}/authorized_keys\n"
-        "StrictModes no\nPermitRootLogin prohibit-password\nPasswordAuthentication no\n"
-        "KbdInteractiveAuthentication no\nUsePAM no\nPermitUserEnvironment no\n"
-        "MaxSessions 50\nMaxStartups 50\nLogLevel ERROR\n")
-    host_key = (folder / "host_key.pub").read_text().split()
-    (folder / "known_hosts").write_text(f"[127.0.0.1]:{port} {host_key[0]} {host_key[1]}\n")
-    config = folder / "ssh_config"
-    config.write_text(
-        "Host 127.0.0.1\n"
-        f"  IdentityFile {folder}/id_ed25519\n  IdentitiesOnly yes\n"
-        f"  UserKnownHostsFile {folder}/known_hosts\n  StrictHostKeyChecking yes\n"
-        "  BatchMode yes\n  LogLevel ERROR\n")
-    import pwd
-
-    board = SshBoard(folder, port, pwd.getpwuid(os.getuid()).pw_name, config)
-    board.start()
-    return board
+    user = pwd.getpwuid(os.getuid()).pw_name
+    for attempt in range(PORT_ATTEMPTS):
+        port = _free_port()  # free a moment ago: another process may take it before sshd
+        board = SshBoard(folder, port, user, _configure(folder, port))
+        try:
+            board.start()
+            return board
+        except SshdExited:
+            if attempt == PORT_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")

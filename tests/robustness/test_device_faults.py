@@ -226,7 +226,7 @@ def test_a_board_that_hangs_mid_measurement_is_exit_3_at_the_timeout(
     python = board_python(tmp_path / "board", emulated_board)
     connect = board.url(python=str(python))
     env = env_for(run_env, board.config)
-    args = ["run", recipe(tmp_path, connect, runs=4000, timeout_s=15), "-o",
+    args = ["run", recipe(tmp_path, connect, runs=4000, timeout_s=8), "-o",
             tmp_path / "out"]
     run = start_cli(args, env, tmp_path, tmp_path / "logs")
     assert wait_for(lambda: _measuring(tmp_path / "board" / "tmp"), RUN_TIMEOUT_S, 0.05), \
