@@ -13,7 +13,10 @@ device measurement costs beyond its runs, over SSH on loopback.
    the wall time on this host minus the board's own time for the runs (`seconds` in its
    reply), and the first connection (ssh + the runner's start).
 
-    .venv/bin/python benchmarks/on_device.py [--models digits,onet] [--work DIR]
+    .venv/bin/python benchmarks/on_device.py [--models digits,onet] [--work DIR] [--quick]
+
+--quick: the digits model alone, two overhead measurements; the same tables (each run's
+console is kept in WORK/<model>/console.txt). tests/e2e/test_device_runs.py runs it so.
 """
 
 from __future__ import annotations
@@ -83,6 +86,7 @@ def run(name: str, work: Path) -> dict[str, Any]:
     done = subprocess.run([sys.executable, "-m", "orchestrator", "run", str(recipe), "-o",
                            str(folder / "out"), "--force"], cwd=folder, env=env,
                           capture_output=True, text=True, check=False)
+    (folder / "console.txt").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
         raise SystemExit(f"{name}: orchestrator run failed:\n{done.stderr[-3000:]}")
     return json.loads((folder / "out" / "report.json").read_text())
@@ -156,7 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="digits,onet")
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--quick", action="store_true",
+                        help="the digits model alone, two overhead measurements")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.models, args.repeats = "digits", 2
     work = args.work or Path(tempfile.mkdtemp(prefix="on-device-"))
     print(f"# On the emulated Cortex-A76 ({CONNECT}) beside this host\n")
     reports = {}

@@ -14,10 +14,12 @@ Plain functions and a dataclass: the pytest fixtures are built on top of it else
 Process layout (OpenSSH 9.2, as root): the listener (`sshd -D`, started in a session of
 its own) forks one sshd per connection; each of those calls setsid() and forks what the
 client runs, in a session of its own again. So no process group holds a board's
-processes: they are found through /proc, by parent (`descendants()`) and, for those
-orphaned when their session was killed, by environment: sshd and its per-connection
-children carry SSH_BOARD_FOLDER=<folder>, what the sessions run carries the
-SSH_CONNECTION that names this server's port (`processes()`).
+processes: they are found through /proc, by parent (`descendants()`) and, for what
+outlived its session (kill_sessions(keep_commands=True)), by the SSH_CONNECTION in its
+environment that names this server's port (`processes()`). A tree is killed frozen:
+SIGSTOP to every process in it until no new one appears, then SIGKILL, so nothing forks
+away from the kill. (sshd's own /proc/PID/environ cannot mark it: setproctitle() writes
+the process title over that memory.)
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ from urllib.parse import quote
 
 SSHD = "/usr/sbin/sshd"
 HOST = "127.0.0.1"
-MARKER_ENV = "SSH_BOARD_FOLDER"  # in the environment of sshd and its per-connection copies
 START_TIMEOUT_S = 10  # one launch: until `ssh ... true` succeeds
 RESTART_WINDOW_S = 5  # restart(): relaunches on the same port while it is still held
 PORT_ATTEMPTS = 5  # start_ssh_board(): fresh ports when one got taken meanwhile
@@ -106,6 +107,35 @@ def _wait_gone(pids: list[int], timeout: float = GONE_TIMEOUT_S) -> None:
         time.sleep(0.02)
 
 
+def _freeze(roots: list[int]) -> list[int]:
+    """SIGSTOP the roots and all their descendants, again until no new one appears (a
+    process forking as it is stopped); all of them, roots first, ready for SIGKILL."""
+    frozen: list[int] = []
+    for _ in range(50):
+        children: dict[int, list[int]] = {}
+        for pid, ppid in _parents().items():
+            children.setdefault(ppid, []).append(pid)
+        tree, todo = [], list(roots)
+        while todo:
+            pid = todo.pop(0)
+            tree.append(pid)
+            todo.extend(children.get(pid, []))
+        new = [pid for pid in tree if pid not in frozen]
+        if not new:
+            break
+        for pid in new:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except (ProcessLookupError, PermissionError):
+                continue
+            frozen.append(pid)
+        deadline = time.monotonic() + 1
+        while time.monotonic() < deadline and any(
+                (_stat(pid) or ("X", 0))[0] not in "TtZX" for pid in new):
+            time.sleep(0.005)
+    return frozen
+
+
 # -- files ---------------------------------------------------------------------------------
 
 def _free_port() -> int:
@@ -160,6 +190,11 @@ def _configure(folder: Path, port: int) -> Path:
         "PrintLastLog no\n"
         "UseDNS no\n"
         "Subsystem sftp internal-sftp\n"
+        # sessions run `$SHELL -c COMMAND`, and Debian's bash sources ~/.bashrc when run
+        # by sshd at shell level 1: this host's (pyenv init, rehashing under a lock) would
+        # slow every session, hang them behind a lock a killed session left, and change
+        # PATH. At SHLVL=1 the session's bash counts level 2 and reads no startup file.
+        "SetEnv SHLVL=1\n"
         "MaxSessions 50\n"
         "MaxStartups 50\n")
     kind, key = (folder / "host_key.pub").read_text().split()[:2]
@@ -190,9 +225,10 @@ class SshBoard:
         base = f"ssh://{self.user}@{HOST}:{self.port}"
         return base if python is None else f"{base}?python={quote(python, safe='/')}"
 
-    def ssh_command(self, *remote: str, config: Path | None = None) -> list[str]:
-        """`ssh -F config -p port user@127.0.0.1 [remote...]`, ready for subprocess."""
-        return ["ssh", "-F", str(config or self.config), "-p", str(self.port),
+    def ssh_command(self, *remote: str, config: Path | None = None,
+                    options: tuple[str, ...] = ()) -> list[str]:
+        """`ssh -F config -p port [options] user@127.0.0.1 [remote...]`, for subprocess."""
+        return ["ssh", "-F", str(config or self.config), "-p", str(self.port), *options,
                 self.destination, *remote]
 
     def config_without_known_host(self) -> Path:
@@ -234,8 +270,7 @@ class SshBoard:
             log.flush()
             self.process = subprocess.Popen(
                 [SSHD, "-D", "-e", "-f", str(self.folder / "sshd_config")],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-                env={**os.environ, MARKER_ENV: str(self.folder)})
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if not self.running:
@@ -250,19 +285,26 @@ class SshBoard:
         raise RuntimeError(self._failure(f"sshd did not let ssh in within {START_TIMEOUT_S} s"))
 
     def _answers(self) -> bool:
+        """One `ssh ... true`: True when it succeeded. Whatever else holds the port may
+        accept and never answer, so the probe ends as soon as sshd does. (No bare TCP
+        probe first: each costs sshd a preauth child, and a refused ssh fails at once.)"""
+        probe = subprocess.Popen(self.ssh_command("true", options=("-o", "ConnectTimeout=5")),
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE)
         try:
-            socket.create_connection((HOST, self.port), timeout=1).close()
-        except OSError as exc:
-            self.last_error = f"connect: {exc}"
-            return False
-        try:
-            done = subprocess.run(self.ssh_command("true"), stdin=subprocess.DEVNULL,
-                                  capture_output=True, check=False, timeout=START_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.last_error = "ssh true timed out"
-            return False
-        self.last_error = done.stderr.decode(errors="replace").strip()
-        return done.returncode == 0
+            deadline = time.monotonic() + 5
+            while probe.poll() is None and self.running and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if probe.poll() is None:
+                probe.kill()
+                self.last_error = "ssh true got no answer" if self.running else "sshd exited"
+            probe.wait()
+            said = probe.stderr.read().decode(errors="replace").strip() if probe.stderr else ""
+            self.last_error = said or self.last_error
+            return probe.returncode == 0
+        finally:
+            if probe.stderr:
+                probe.stderr.close()
 
     def _failure(self, what: str) -> str:
         try:
@@ -285,16 +327,20 @@ class SshBoard:
         ran, orphans included (the ones kill_sessions(keep_commands=True) left). Idempotent."""
         if self.process is None:
             return
-        under = self.descendants()
-        _kill([self.process.pid])  # first: no new connection from here on
-        self._reap()
-        doomed = sorted(set(under) | set(self.processes()))
-        for _ in range(5):  # sessions forking as they are killed: until nothing is left
+        doomed: list[int] = []
+        if self.running:  # the listener frozen first: no new connection from here on
+            doomed = _freeze([self.process.pid])
             _kill(doomed)
-            _wait_gone(doomed)
-            doomed = [pid for pid in self.processes() if _alive(pid)]
-            if not doomed:
+        self._reap()
+        for _ in range(5):  # then what outlived its session, frozen with what it forked
+            orphans = self._outliving()
+            if not orphans:
                 break
+            frozen = _freeze(orphans)
+            _kill(frozen)
+            doomed += frozen
+            _wait_gone(frozen)
+        _wait_gone(doomed)
         try:
             (self.folder / "sshd.pid").unlink()
         except OSError:
@@ -329,16 +375,22 @@ class SshBoard:
         return sorted(pid for pid, ppid in _parents().items() if ppid == self.process.pid)
 
     def processes(self) -> list[int]:
-        """Every live process of this board, parented or orphaned: its sshd processes
-        (by SSH_BOARD_FOLDER) and what its sessions ran (by SSH_CONNECTION's port)."""
-        marker = f"{MARKER_ENV}={self.folder}".encode()
-        connection = None  # SSH_CONNECTION=client_ip client_port server_ip server_port
+        """Every live process of this board: the listener, its descendants, and what its
+        sessions ran that outlived them (orphans, found by SSH_CONNECTION's port)."""
+        found = set(self._outliving()) | set(self.descendants())
+        if self.running:
+            found.add(self.process.pid)
+        return sorted(found)
+
+    def _outliving(self) -> list[int]:
+        # SSH_CONNECTION=client_ip client_port server_ip server_port
+        server = f" {HOST} {self.port}".encode()
         found = []
         for pid in _parents():
             if pid == os.getpid():
                 continue
-            environ = _environ(pid)
-            if marker in environ or connection in environ:
+            if any(entry.startswith(b"SSH_CONNECTION=") and entry.endswith(server)
+                   for entry in _environ(pid)):
                 found.append(pid)
         return sorted(found)
 
@@ -349,13 +401,13 @@ class SshBoard:
         it goes on, orphaned, as on a board whose network dropped (stop() ends it).
         Returns how many sessions were killed."""
         sessions = self.session_pids()
-        under = self.descendants()
-        sshds = [pid for pid in under if _comm(pid) == "sshd"]
-        killed = _kill(sshds)  # the connections first: no clean exit status reaches a client
-        if not keep_commands:
-            _kill([pid for pid in under if pid not in sshds])
-        _wait_gone(under if not keep_commands else sshds)
-        return len([pid for pid in killed if pid in sessions])
+        if keep_commands:
+            doomed = [pid for pid in self.descendants() if _comm(pid) == "sshd"]
+        else:  # frozen first: nothing reports a clean exit, nothing forks away
+            doomed = _freeze(sessions)
+        killed = _kill(doomed)
+        _wait_gone(doomed)
+        return len(set(killed) & set(sessions))
 
     # with-statement
 
@@ -376,7 +428,11 @@ def start_ssh_board(folder: Path) -> SshBoard:
         run_sshd.chmod(0o755)
     _keygen(folder / "host_key")
     _keygen(folder / "id_ed25519")
-    (folder / "authorized_keys").write_text((folder / "id_ed25519.pub").read_text())
+    user_key = (folder / "id_ed25519.pub").read_text()
+    authorized = folder / "authorized_keys"
+    if user_key not in (authorized.read_text() if authorized.exists() else ""):
+        with open(authorized, "a") as keys:
+            keys.write(user_key)
     user = pwd.getpwuid(os.getuid()).pw_name
     for attempt in range(PORT_ATTEMPTS):
         port = _free_port()  # free a moment ago: another process may take it before sshd

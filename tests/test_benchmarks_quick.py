@@ -47,7 +47,8 @@ CASES: dict[str, tuple[list[str], str]] = {
 # scripts another benchmark runs (with --quick when it runs quick): not run alone
 HELPERS = {"onet_data.py": "onet.py builds its model and crops with it"}
 # scripts a test runs whole (their main, without --quick): a quick run here would repeat it
-RUN_BY_TESTS = {"mini_xception.py": "tests/e2e/test_mini_xception.py (its acceptance run)"}
+RUN_BY_TESTS = {"mini_xception.py": "tests/e2e/test_mini_xception.py (its acceptance run)",
+                "on_device.py": "tests/e2e/test_device_runs.py (its emulated board's run)"}
 # this many processes side by side; the scripts go to them longest first (measured), each to
 # the one with the least work so far (by SECONDS, CPU seconds measured on the project's
 # 2-core machine; a script not listed counts as the longest)

@@ -13,6 +13,8 @@ from orchestrator.cli.main import main
 
 pytestmark = [pytest.mark.slow, pytest.mark.device]
 
+ROOT = Path(__file__).resolve().parents[2]
+
 # the digits CNN, its float graph and LiteRT's full-integer file
 PIPELINES = """pipelines:
   fp32: {{stages: [freeze, strip, fold]}}
@@ -61,27 +63,38 @@ def check_measured(report: dict, connect: str) -> dict:
 
 
 def test_emulated_board_measures_and_validates_litert_int8(
-        digits_example: Path, workspace: Path, prefect_server: None, emulated_board: Path,
-        capsys: pytest.CaptureFixture[str]) -> None:
-    connect = "qemu://aarch64?cpu=cortex-a76"
-    recipe = write_recipe(workspace, digits_example, connect)
-    assert main(["run", str(recipe), "-o", str(workspace / "out")]) == 0
-    console = capsys.readouterr().out
-    report = json.loads((workspace / "out" / "report.json").read_text())
-    measured = check_measured(report, connect)
+        workspace: Path, prefect_server: None, emulated_board: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/on_device.py --quick, whole: the digits recipe's LiteRT files measured
+    on qemu://aarch64?cpu=cortex-a76 by `orchestrator run` (a process of its own, as a
+    user runs it), then the overhead of a measurement over SSH on loopback."""
+    import sys
+
+    from prefect.settings import PREFECT_API_URL
+
+    monkeypatch.setenv("PREFECT_API_URL", str(PREFECT_API_URL.value()))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import on_device
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert on_device.main(["--quick", "--work", str(workspace)]) == 0
+    printed = capsys.readouterr().out
+    out = workspace / "digits" / "out"
+    report = json.loads((out / "report.json").read_text())
+    measured = check_measured(report, "qemu://aarch64?cpu=cortex-a76")
     assert measured["emulated"] is True
     # the console and the page show the board's figures, labelled apart
+    console = (workspace / "digits" / "console.txt").read_text()
     assert "measured on arm's board: qemu://aarch64?cpu=cortex-a76, aarch64 Cortex-A76 " \
            "(emulated)" in console
     assert "its timings are qemu's, not the core's" in console
-    page = (workspace / "out" / "report.html").read_text()
+    page = (out / "report.html").read_text()
     assert "Measured on the targets' boards" in page and "Cortex-A76" in page
-    # a re-run measures nothing again: the board's figures come from the cache
-    assert main(["run", str(recipe), "-o", str(workspace / "out")]) == 0
-    again = json.loads((workspace / "out" / "report.json").read_text())
-    stages = again["variants"]["litert_int8"]["stages"]
-    assert all(stage["cached"] for stage in stages)
-    assert again["variants"]["litert_int8"]["targets"]["arm"]["measured"] == measured
+    # the benchmark's tables: each LiteRT variant on the board, and the SSH overhead
+    row = next(line for line in printed.splitlines() if line.startswith("| litert_int8 |"))
+    assert "(emulated)" in row
+    assert "first connection" in printed and "per measurement beyond" in printed
 
 
 def test_ssh_board_on_loopback_measures_litert_int8(
