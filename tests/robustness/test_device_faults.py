@@ -11,7 +11,9 @@ board is the emulated aarch64 Python (tests/ssh_board.py).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -196,8 +198,8 @@ def test_a_lost_connection_then_a_reboot_and_the_rerun_reuses_what_finished(
     killed = board.kill_sessions()  # the connection drops mid-measurement
     assert killed >= 1
     [code] = wait_all([run], timeout=RUN_TIMEOUT_S)
-    message = check_clean_error(code, without_warnings(run.stderr()), "measure_on_device", "target arm",
-                                connect, exit_code=3, progress_ok=True)
+    message = check_clean_error(code, without_warnings(run.stderr()), "measure_on_device",
+                                "target arm", connect, exit_code=3, progress_ok=True)
     assert "the connection was lost" in message or "ended" in message, message
     nothing_written(tmp_path)
     # the board reboots: every process on it ends, what a runner left stays on its disk
@@ -209,8 +211,6 @@ def test_a_lost_connection_then_a_reboot_and_the_rerun_reuses_what_finished(
     rerun = start_cli(args, env, tmp_path, tmp_path / "logs-2")
     [code] = wait_all([rerun], timeout=RUN_TIMEOUT_S * 2)
     assert code == 0, rerun.stderr()[-3000:]
-    import json
-
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     stages = {s["name"]: s["cached"] for s in report["variants"]["litert_int8"]["stages"]}
     assert stages == {"convert_tflite": True, "evaluate": True, "measure_on_device": False}
@@ -238,9 +238,9 @@ def test_a_board_that_hangs_mid_measurement_is_exit_3_at_the_timeout(
         [code] = wait_all([run], timeout=RUN_TIMEOUT_S)
     finally:
         for pid in frozen:
-            with __import__("contextlib").suppress(ProcessLookupError):
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-    message = check_clean_error(code, without_warnings(run.stderr()), "measure_on_device", "target arm",
-                                connect, exit_code=3, progress_ok=True)
+    message = check_clean_error(code, without_warnings(run.stderr()), "measure_on_device",
+                                "target arm", connect, exit_code=3, progress_ok=True)
     assert "no answer in time" in message
     nothing_written(tmp_path)
