@@ -107,6 +107,8 @@ def prepare(url: DeviceURL, runtimes: list[str], say: Callable[[str], None] = pr
                                  f"'{board['site']}.new' --strip-components=1 && rm -rf "
                                  f"'{board['site']}' && mv '{board['site']}.new' "
                                  f"'{board['site']}'", timeout=600, data=archive.getvalue())
+        except subprocess.TimeoutExpired:
+            raise DeviceUnreachable(f"{url.text}: sending the runtimes took over 600 s") from None
         finally:
             transport.close()
         if sent.returncode != 0:

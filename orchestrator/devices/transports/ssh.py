@@ -63,11 +63,15 @@ class SshTransport:
         if self.opened:
             return
         with tempfile.TemporaryFile() as errors:
-            done = subprocess.run(
-                ["ssh", *self.options(), "-o", "ControlMaster=yes", "-o", "ControlPersist=300",
-                 "-N", "-f", self.destination], stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=errors, check=False,
-                timeout=CONNECT_TIMEOUT_S * 3)
+            try:
+                done = subprocess.run(
+                    ["ssh", *self.options(), "-o", "ControlMaster=yes", "-o",
+                     "ControlPersist=300", "-N", "-f", self.destination],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors,
+                    check=False, timeout=CONNECT_TIMEOUT_S * 3)
+            except subprocess.TimeoutExpired:  # connected, but the login never finished
+                raise DeviceUnreachable(f"{self.destination} did not finish the SSH login in "
+                                        f"{CONNECT_TIMEOUT_S * 3} s") from None
             errors.seek(0)
             said = errors.read().decode(errors="replace").strip()
         if done.returncode != 0:
