@@ -1,6 +1,7 @@
-"""The digits recipe measured on a board: the emulated Cortex-A76 directly (qemu://), and
-the same board behind a real OpenSSH server on loopback (ssh://). Real Prefect, real
-MLflow, the real aarch64 LiteRT wheel under qemu-user."""
+"""The digits recipe measured on the emulated Cortex-A76 directly (qemu://), by the
+on-device benchmark's quick run. Real Prefect, real MLflow, the real aarch64 LiteRT wheel
+under qemu-user. The same board behind a real OpenSSH server on loopback runs the recipe
+end to end in tests/robustness/test_device_faults.py (its re-run after the faults)."""
 
 from __future__ import annotations
 
@@ -9,34 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli.main import main
-
 pytestmark = [pytest.mark.slow, pytest.mark.device]
 
 ROOT = Path(__file__).resolve().parents[2]
-
-# the digits CNN, its float graph and LiteRT's full-integer file
-PIPELINES = """pipelines:
-  fp32: {{stages: [freeze, strip, fold]}}
-  litert_int8:
-    from: fp32
-    stages: [{{convert_tflite: {{mode: int8}}}}, evaluate]
-"""
-
-
-def write_recipe(folder: Path, digits: Path, connect: str, extra: str = "") -> Path:
-    recipe = folder / "device.yaml"
-    recipe.write_text(
-        f"version: 1\nname: on-device\nmodel: {{path: {digits}/saved_model}}\n"
-        f"data:\n  representative: {{source: {digits}/data.npz, array: x_calib, "
-        "samples: 100}\n"
-        f"  evaluation: {{source: {digits}/data.npz, inputs: x_test, labels: y_test}}\n"
-        "targets:\n  - name: arm\n    device: phone-modern\n"
-        f"    connect: '{connect}'\n"
-        "    budgets: {max_accuracy_drop: 0.02, min_device_agreement: 0.99}\n"
-        + PIPELINES.format() + extra)
-    return recipe
-
 
 def check_measured(report: dict, connect: str) -> dict:
     """What every device run must show: litert_int8 measured on the aarch64 board, its
@@ -95,27 +71,3 @@ def test_emulated_board_measures_and_validates_litert_int8(
     row = next(line for line in printed.splitlines() if line.startswith("| litert_int8 |"))
     assert "(emulated)" in row
     assert "first connection" in printed and "per measurement beyond" in printed
-
-
-def test_ssh_board_on_loopback_measures_litert_int8(
-        digits_example: Path, workspace: Path, prefect_server: None, emulated_board: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    from ssh_board import start_ssh_board
-
-    board = start_ssh_board(workspace / "sshd")
-    try:
-        monkeypatch.setenv("ORCHESTRATOR_SSH_CONFIG", str(board.config))
-        connect = board.url(python=str(emulated_board / "bin" / "python3-cortex-a76"))
-        recipe = write_recipe(workspace, digits_example, connect)
-        assert main(["run", str(recipe), "-o", str(workspace / "out")]) == 0
-        report = json.loads((workspace / "out" / "report.json").read_text())
-        measured = check_measured(report, connect)
-        assert measured["emulated"] is False  # ssh: a real board as far as we can tell
-        # a real board's latency is what selection reads
-        arm = report["variants"]["litert_int8"]["targets"]["arm"]
-        assert arm["latency_basis"] == "measured on arm's board"
-        assert arm["latency_ms"] == measured["latency_ms"]["p50"]
-        # the run closed its connection: no session is left on the board
-        assert board.session_pids() == []
-    finally:
-        board.stop()

@@ -5,7 +5,8 @@ board is the emulated aarch64 Python (tests/ssh_board.py).
   before any stage runs, naming the target, the URL and the fix; nothing written;
 - a connection lost mid-measurement, then the board rebooting: exit 3 naming the stage,
   target and board, within a bounded time; nothing half-written; the re-run reuses every
-  stage that finished, and the dead runner's folder on the board is removed;
+  stage that finished, measures and validates litert_int8 on the board (the digits recipe
+  end to end over SSH), and the dead runner's folder on the board is removed;
 - a board that hangs mid-measurement: exit 3 at the stage's timeout.
 """
 
@@ -191,7 +192,7 @@ def test_a_lost_connection_then_a_reboot_and_the_rerun_reuses_what_finished(
     python = board_python(tmp_path / "board", emulated_board)
     connect = board.url(python=str(python))
     env = env_for(run_env, board.config)
-    args = ["run", recipe(tmp_path, connect, runs=4000), "-o", tmp_path / "out"]
+    args = ["run", recipe(tmp_path, connect, runs=1500), "-o", tmp_path / "out"]
     run = start_cli(args, env, tmp_path, tmp_path / "logs-1")
     board_tmp = tmp_path / "board" / "tmp"
     assert wait_for(lambda: _measuring(board_tmp), RUN_TIMEOUT_S, 0.05), run.stderr()
@@ -214,7 +215,21 @@ def test_a_lost_connection_then_a_reboot_and_the_rerun_reuses_what_finished(
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     stages = {s["name"]: s["cached"] for s in report["variants"]["litert_int8"]["stages"]}
     assert stages == {"convert_tflite": True, "evaluate": True, "measure_on_device": False}
-    assert report["variants"]["litert_int8"]["targets"]["arm"]["measured"]["measured"]
+    # measured and validated on the board behind SSH: the digits recipe end to end
+    lite = report["variants"]["litert_int8"]
+    measured = lite["targets"]["arm"]["measured"]
+    assert measured["measured"] and measured["where"] == connect
+    assert (measured["board"]["machine"], measured["board"]["cpu"]) == ("aarch64",
+                                                                        "Cortex-A76")
+    assert measured["emulated"] is False  # over ssh: a board as far as the run can tell
+    assert abs(measured["accuracy"] - lite["accuracy"]) <= 0.005
+    assert measured["top1_agreement"] >= 0.99 and measured["latency_ms"]["count"] == 1500
+    # a real board's latency is what the target's budgets and selection read
+    assert lite["targets"]["arm"]["latency_basis"] == "measured on arm's board"
+    assert lite["targets"]["arm"]["latency_ms"] == measured["latency_ms"]["p50"]
+    fp32 = report["variants"]["fp32"]["targets"]["arm"]["measured"]
+    assert fp32["measured"] is False and "tensorflow" in fp32["reason"]
+    assert board.session_pids() == []  # the run closed its connection
     # the folders a dead runner left are gone, and the re-run's own too
     assert not any(path.exists() for path in left)
     assert list((board_tmp / "orchestrator-board").glob("job-*")) == []
