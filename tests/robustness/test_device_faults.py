@@ -26,7 +26,7 @@ from robust_helpers import (
     RUN_TIMEOUT_S,
     cache_entries,
     check_clean_error,
-    cli_subprocess,
+    cli_in_process,
     partial_cache_entries,
     start_cli,
     wait_all,
@@ -100,63 +100,70 @@ def nothing_written(tmp_path: Path) -> None:
     assert partial_cache_entries(tmp_path / ".orchestrator") == []
 
 
-def test_an_unreachable_board_is_exit_2_before_any_stage(tmp_path: Path,
-                                                         run_env: dict[str, str],
-                                                         board: object) -> None:
+def in_process(monkeypatch: pytest.MonkeyPatch, config: Path, capsys: pytest.CaptureFixture,
+               *args: object) -> tuple[int, str, str]:
+    """`orchestrator ARGS` in this process, its SSH config `config` (exit-2 cases: they end
+    before any stage, so a subprocess's imports would be most of their cost)."""
+    monkeypatch.setenv("ORCHESTRATOR_SSH_CONFIG", str(config))
+    return cli_in_process([str(a) for a in args], capsys)
+
+
+def test_an_unreachable_board_is_exit_2_before_any_stage(
+        workspace: Path, prefect_server: None, board: object,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     port = board.port
     board.stop()  # nothing listens there now
     connect = f"ssh://root@127.0.0.1:{port}"
-    done = cli_subprocess(["run", recipe(tmp_path, connect), "-o", tmp_path / "out"],
-                          env_for(run_env, board.config), tmp_path, timeout=RUN_TIMEOUT_S)
-    message = check_clean_error(done.code, done.err, "target arm", connect,
+    code, _, err = in_process(monkeypatch, board.config, capsys, "run",
+                              recipe(workspace, connect), "-o", workspace / "out")
+    message = check_clean_error(code, err, "target arm", connect,
                                 "orchestrator device check", "device.yaml:")
     assert "Connection refused" in message
     # before any stage: not even the source model was stored
-    assert cache_entries(tmp_path / ".orchestrator") == set()
-    nothing_written(tmp_path)
+    assert cache_entries(workspace / ".orchestrator") == set()
+    nothing_written(workspace)
 
 
-def test_an_unknown_host_key_is_refused_until_accepted(tmp_path: Path,
-                                                       run_env: dict[str, str], board: object,
-                                                       emulated_board: Path) -> None:
-    python = board_python(tmp_path / "board", emulated_board)
+def test_an_unknown_host_key_is_refused_until_accepted(
+        workspace: Path, prefect_server: None, board: object, emulated_board: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    python = board_python(workspace / "board", emulated_board)
     connect = board.url(python=str(python))
-    strict = env_for(run_env, board.config_without_known_host())
-    done = cli_subprocess(["run", recipe(tmp_path, connect), "-o", tmp_path / "out"], strict,
-                          tmp_path, timeout=RUN_TIMEOUT_S)
-    check_clean_error(done.code, done.err, "target arm", "host key",
-                      "--accept-host-key")
-    nothing_written(tmp_path)
+    strict = board.config_without_known_host()
+    code, _, err = in_process(monkeypatch, strict, capsys, "run",
+                              recipe(workspace, connect), "-o", workspace / "out")
+    check_clean_error(code, err, "target arm", "host key", "--accept-host-key")
+    nothing_written(workspace)
     # the user accepts it, explicitly, once: then the board answers
-    check = cli_subprocess(["device", "check", connect], strict, tmp_path)
-    assert check.code == 2 and "--accept-host-key" in check.err
-    accepted = cli_subprocess(["device", "check", connect, "--accept-host-key"], strict,
-                              tmp_path)
-    assert accepted.code == 0, accepted.err
-    assert "machine: aarch64" in accepted.out and "Cortex-A76" in accepted.out
-    again = cli_subprocess(["device", "check", connect], strict, tmp_path)
-    assert again.code == 0, again.err
+    code, _, err = in_process(monkeypatch, strict, capsys, "device", "check", connect)
+    assert code == 2 and "--accept-host-key" in err
+    code, out, err = in_process(monkeypatch, strict, capsys, "device", "check", connect,
+                                "--accept-host-key")
+    assert code == 0, err
+    assert "machine: aarch64" in out and "Cortex-A76" in out
+    code, _, err = in_process(monkeypatch, strict, capsys, "device", "check", connect)
+    assert code == 0, err
 
 
 def test_a_board_without_its_runtimes_is_exit_2_until_prepared(
-        tmp_path: Path, run_env: dict[str, str], board: object,
-        emulated_board: Path) -> None:
-    python = board_python(tmp_path / "board", emulated_board, with_runtimes=False)
+        workspace: Path, prefect_server: None, board: object, emulated_board: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    python = board_python(workspace / "board", emulated_board, with_runtimes=False)
     connect = board.url(python=str(python))
-    env = env_for(run_env, board.config)
-    done = cli_subprocess(["run", recipe(tmp_path, connect), "-o", tmp_path / "out"], env,
-                          tmp_path, timeout=RUN_TIMEOUT_S)
-    check_clean_error(done.code, done.err, "target arm", connect, "ai_edge_litert", "numpy",
+    code, _, err = in_process(monkeypatch, board.config, capsys, "run",
+                              recipe(workspace, connect), "-o", workspace / "out")
+    check_clean_error(code, err, "target arm", connect, "ai_edge_litert", "numpy",
                       f"orchestrator device prepare {connect}")
-    assert cache_entries(tmp_path / ".orchestrator") == set()
-    nothing_written(tmp_path)
+    assert cache_entries(workspace / ".orchestrator") == set()
+    nothing_written(workspace)
     # prepare: this host fetches the board's wheels and sends them over the connection
-    prepared = cli_subprocess(["device", "prepare", connect], env, tmp_path, timeout=600)
-    assert prepared.code == 0, prepared.err[-3000:]
-    site = tmp_path / "board" / "home" / ".cache" / "orchestrator-board"
+    code, _, err = in_process(monkeypatch, board.config, capsys, "device", "prepare",
+                              connect)
+    assert code == 0, err[-3000:]
+    site = workspace / "board" / "home" / ".cache" / "orchestrator-board"
     assert [p.name for p in site.iterdir()] == ["site-cp311-aarch64"]
-    check = cli_subprocess(["device", "check", connect], env, tmp_path)
-    assert check.code == 0 and "LiteRT .tflite files: can measure" in check.out, check.out
+    code, out, _ = in_process(monkeypatch, board.config, capsys, "device", "check", connect)
+    assert code == 0 and "LiteRT .tflite files: can measure" in out, out
 
 
 def _measuring(tmp: Path) -> bool:
