@@ -77,9 +77,9 @@ def cmd_check(args: argparse.Namespace) -> int:
                                f"cannot: no {', '.join(missing)} (`orchestrator device "
                                f"prepare {url.text}"
                                + (" --runtime tensorflow" if "tensorflow" in missing else "")
-                               + "`)" if not (url.emulated and "tensorflow" in missing) else
-                               "cannot: the emulated board has no TensorFlow (its import "
-                               "alone takes minutes under qemu)"))
+                               + "`)" + (" (1.5 GB; its import alone took 62 s under "
+                                         "qemu here)" if url.emulated and "tensorflow" in
+                                         missing else "")))
     return 0
 
 

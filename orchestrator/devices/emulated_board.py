@@ -153,8 +153,30 @@ def _host_litert_version() -> str:
     return version("ai-edge-litert")
 
 
-def _install_wheels(site: Path, python_version: str, say: Callable[[str], None]) -> None:
-    wanted = ["numpy", f"ai-edge-litert=={_host_litert_version()}", "cryptography"]
+def _host_tensorflow_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tensorflow-cpu")
+    except PackageNotFoundError:
+        return version("tensorflow")
+
+
+def add_tensorflow(folder: Path | None = None, say: Callable[[str], None] = print) -> None:
+    """TensorFlow's aarch64 wheel (this host's release) into the built board's site, for
+    GraphDef variants: 1.5 GB, and its import alone took 62 s under qemu on this project's
+    machine, so the board is built without it."""
+    folder = folder or board_folder()
+    facts = json.loads((folder / "board.json").read_text())
+    _install_wheels(folder / "site", facts["python"], say,
+                    [f"tensorflow=={_host_tensorflow_version()}"])
+    facts["tensorflow"] = _host_tensorflow_version()
+    (folder / "board.json").write_text(json.dumps(facts, indent=1))
+
+
+def _install_wheels(site: Path, python_version: str, say: Callable[[str], None],
+                    wanted: list[str] | None = None) -> None:
+    wanted = wanted or ["numpy", f"ai-edge-litert=={_host_litert_version()}", "cryptography"]
     say(f"installing the aarch64 wheels of {', '.join(wanted)} for Python {python_version}")
     platforms = [arg for p in WHEEL_PLATFORMS for arg in ("--platform", p)]
     _run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",

@@ -69,11 +69,10 @@ def prepare(url: DeviceURL, runtimes: list[str], say: Callable[[str], None] = pr
             ) -> dict[str, Any]:
     """Install `runtimes` (module names) on the board; what the board has afterwards."""
     if url.emulated:
+        if emulated_board.missing_setup() is not None:
+            emulated_board.build(say=say)
         if "tensorflow" in runtimes:
-            say("the emulated board gets numpy, ai-edge-litert and cryptography; TensorFlow's "
-                "aarch64 wheel is not installed there (its import alone takes minutes under "
-                "qemu): GraphDef variants are reported as not measured on it")
-        emulated_board.build(say=say)
+            emulated_board.add_tensorflow(say=say)
         return describe_board(url)
     board = describe_board(url)
     packages = [_pinned(RUNTIME_PACKAGES[r]) for r in runtimes]
