@@ -355,8 +355,9 @@ def benchmark_on_board(args: argparse.Namespace, opened: OpenedModel,
                      f"+{format_mib(load['anon_growth_mb'])}")
     lines.append(f"Outputs on {measured['samples']} random inputs against this host's for "
                  "the same file:")
-    lines += [f"  {name}: top-1 agreement {o['top1_agreement']:.4f}, max abs diff "
-              f"{o['max_abs_diff']:.3g}, SQNR {o['sqnr_db']:.1f} dB"
+    lines += [f"  {name} ({o['kind'].replace('_', ' ')}): "
+              + (f"top-1 agreement {o['top1_agreement']:.4f}, " if "top1_agreement" in o
+                 else "") + f"max abs diff {o['max_abs_diff']:.3g}, SQNR {o['sqnr_db']:.1f} dB"
               for name, o in measured["outputs"].items()]
     print("\n".join(lines))
     return 0

@@ -369,6 +369,13 @@ import numpy as np
 payload = sys.stdin.buffer.read()
 key = payload[:request["key_bytes"]]
 model = payload[request["key_bytes"]:]
+# the runtime imported first, as an app's process has it: the figures are the model's
+if request["kind"] == "tflite":
+    from ai_edge_litert.interpreter import Interpreter
+else:
+    import tensorflow
+if key:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 before_rss, before_anon = rss()
 started = time.perf_counter()
 if key:
