@@ -652,4 +652,27 @@ def apply_guard(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, Nod
     result = guard_pipeline(name, plan, data, outcomes, submit, tune, on_trial)
     if result.verdict:  # the console shows it with the variant's warnings
         log.warning("%s: %s", name, result.verdict, extra=NOT_ON_CONSOLE)
+    _measure_chosen_on_boards(name, plan, result, submit)
     return result
+
+
+def _measure_chosen_on_boards(name: str, plan: Plan, result: GuardResult,
+                              submit: Callable[[Node], NodeOutcome]) -> None:
+    """Trials are not measured on the targets' boards (each would cost a board's time):
+    where the guard chose a trial, its model is measured on them now, as the pipeline's
+    own measure_on_device stages would have measured the recipe's."""
+    boards = [n for n in plan.pipelines[name] if n.stage == DEVICE_STAGE]
+    if not boards or any(n.stage == DEVICE_STAGE for n in result.nodes):
+        return
+    last = result.nodes[-1]
+    made = [n for n in result.nodes if n.kind == "transform"]
+    model_key = made[-1].output_model_key if made else plan.start_keys[name]
+    chained = chain_nodes(name, [(n.stage, n.params) for n in boards], model_key, last.id,
+                          plan.fingerprints, trial=last.trial,
+                          base_dir=plan.recipe.base_dir, float_model_key=last.float_model_key)
+    for offset, node in enumerate(chained):
+        index = len(result.nodes)  # after the chosen trial's own stages
+        node = replace(node, index=index, id=node.id.replace(
+            f"/{offset}:", f"/{index}:", 1), depends_on=result.nodes[-1].id)
+        result.outcomes[node.id] = submit(node)
+        result.nodes.append(node)
