@@ -55,7 +55,7 @@ class Params(StageParams):
 
 def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
     from orchestrator.devices import measurement
-    from orchestrator.devices.errors import DeviceLost
+    from orchestrator.devices.errors import DeviceLost, DeviceUnreachable
     from orchestrator.devices.session import drop_session, shared_session
     from orchestrator.devices.urls import parse_device_url
 
@@ -79,7 +79,7 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
         reply = measurement.measure(session, given, ctx.model_key, inputs, settings,
                                     warmup=params.warmup, runs=params.runs,
                                     samples=len(inputs), timeout=params.timeout_s)
-    except DeviceLost as exc:
+    except (DeviceLost, DeviceUnreachable) as exc:  # mid-run: the stage fails (exit 3)
         drop_session(url)
         raise DeviceLost(f"target {params.target}: {exc.message}") from None
     host_outputs = _host_outputs(given, ctx, inputs)
