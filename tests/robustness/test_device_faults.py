@@ -166,6 +166,13 @@ def test_a_board_without_its_runtimes_is_exit_2_until_prepared(
     assert code == 0 and "LiteRT .tflite files: can measure" in out, out
 
 
+def measured_board(tmp_path: Path, board: object, emulated: Path,
+                   run_env: dict[str, str]) -> tuple[str, dict[str, str]]:
+    """The board's URL (its Python with the runtimes) and a run's environment for it."""
+    python = board_python(tmp_path / "board", emulated)
+    return board.url(python=str(python)), env_for(run_env, board.config)
+
+
 def _measuring(tmp: Path) -> bool:
     """Whether a measurement holds the board's lock (in the board's own temp dir)."""
     lock = tmp / "orchestrator-board" / "lock"
@@ -196,9 +203,7 @@ def _runner_pids(board: object) -> list[int]:
 def test_a_lost_connection_then_a_reboot_and_the_rerun_reuses_what_finished(
         tmp_path: Path, run_env: dict[str, str], board: object,
         emulated_board: Path) -> None:
-    python = board_python(tmp_path / "board", emulated_board)
-    connect = board.url(python=str(python))
-    env = env_for(run_env, board.config)
+    connect, env = measured_board(tmp_path, board, emulated_board, run_env)
     args = ["run", recipe(tmp_path, connect, runs=1500), "-o", tmp_path / "out"]
     run = start_cli(args, env, tmp_path, tmp_path / "logs-1")
     board_tmp = tmp_path / "board" / "tmp"
@@ -245,9 +250,7 @@ def test_a_lost_connection_then_a_reboot_and_the_rerun_reuses_what_finished(
 def test_a_board_that_hangs_mid_measurement_is_exit_3_at_the_timeout(
         tmp_path: Path, run_env: dict[str, str], board: object,
         emulated_board: Path) -> None:
-    python = board_python(tmp_path / "board", emulated_board)
-    connect = board.url(python=str(python))
-    env = env_for(run_env, board.config)
+    connect, env = measured_board(tmp_path, board, emulated_board, run_env)
     args = ["run", recipe(tmp_path, connect, runs=4000, timeout_s=8), "-o",
             tmp_path / "out"]
     run = start_cli(args, env, tmp_path, tmp_path / "logs")
