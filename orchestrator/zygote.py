@@ -103,6 +103,14 @@ class ForkedProcess:
             self._pending += chunk
         self._finish(int(json.loads(self._pending.partition(b"\n")[0])["exit"]))
 
+    def __del__(self) -> None:
+        # A helper left to exit on its own (as a Popen may be): the zygote reaps it, and
+        # its connection and pidfd go with this object, without a ResourceWarning.
+        if self.returncode is None:
+            self._connection.close()
+            if self._pidfd is not None:
+                os.close(self._pidfd)
+
     def _finish(self, code: int) -> None:
         self.returncode = code
         self._connection.close()

@@ -181,3 +181,24 @@ def test_a_forked_worker_has_the_runs_environment_folder_and_a_group_of_its_own(
     own = TrackingClient()
     assert not _is_forked(own)
     own.close()
+
+
+def test_a_finished_forked_worker_left_to_exit_leaks_no_socket(
+        digits_example: Path, workspace: Path, helper_zygote: str) -> None:
+    """After `finish` the run does not wait for its worker (it exits on its own, and the
+    zygote reaps it): dropping the client then closes the connection to the zygote. Its
+    ResourceWarning ("unclosed <socket ... helpers.sock>") once surfaced, at a garbage
+    collection, inside whichever test ran next."""
+    import gc
+    import warnings
+
+    client = TrackingClient()
+    assert _is_forked(client)
+    client.start(small_plan(digits_example, workspace), {"orchestrator": "test"})
+    client.finish(None, None, workspace / "recipe.yaml")
+    assert client.process.returncode is None  # not waited for
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        del client
+        gc.collect()
+    assert [str(w.message) for w in seen if w.category is ResourceWarning] == []
