@@ -85,13 +85,19 @@ EIGHT_BIT_OP_STAGES = ("quantize_nodes", "log_ranges", "freeze_ranges")
 # The LiteRT path's quantizer: its int8 mode keeps named ops float (float_nodes), and its
 # weights-only counterpart is dynamic range (int8 weights, float activations).
 LITERT_STAGE = "convert_tflite"
+# The LiteRT Quantizer's stage: per layer, int8 -> int16 activations (a16w8) -> float; its
+# weights-only counterpart is dynamic range too.
+AEQ_STAGE = "quantize_tflite"
+WIDE_SCHEME, DYNAMIC_SCHEME = "static_wi8_ai16", "dynamic_wi8_afp32"
 # LiteRT ops whose weights make them a weight layer.
 LITERT_WEIGHT_OPS = frozenset({"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED",
                                "TRANSPOSE_CONV", "CONV_3D", "BATCH_MATMUL"})
 
 WEIGHTS_ONLY = "weights_only"
 FLOAT = "float"
-ACTION_WORDS = {WEIGHTS_ONLY: "weights-only 8-bit", FLOAT: "float"}
+INT16 = "int16_activations"
+ACTION_WORDS = {WEIGHTS_ONLY: "weights-only 8-bit", FLOAT: "float",
+                INT16: "int16 activations (a16w8)"}
 
 
 @dataclass(frozen=True)
@@ -101,20 +107,25 @@ class Settings:
 
     weights_only: tuple[str, ...] = ()
     float_layers: tuple[str, ...] = ()
+    int16_layers: tuple[str, ...] = ()  # LiteRT Quantizer: int16 activations, int8 weights
     percentile: float | None = None  # None: the recipe's own freeze_ranges setting
     no_bias_correction: bool = False  # True: quantize_nodes' bias correction turned off
     # False: no eight-bit op at all (quantize_nodes and its range stages left out)
     eight_bit_ops: bool = True
 
     def with_nodes(self, nodes: list[str], action: str) -> Settings:
-        weights_only = set(self.weights_only) - set(nodes)
-        float_layers = set(self.float_layers) - set(nodes)
-        (weights_only if action == WEIGHTS_ONLY else float_layers).update(nodes)
-        return replace(self, weights_only=tuple(sorted(weights_only)),
-                       float_layers=tuple(sorted(float_layers)))
+        sets = {WEIGHTS_ONLY: set(self.weights_only) - set(nodes),
+                FLOAT: set(self.float_layers) - set(nodes),
+                INT16: set(self.int16_layers) - set(nodes)}
+        sets[action].update(nodes)
+        return replace(self, weights_only=tuple(sorted(sets[WEIGHTS_ONLY])),
+                       float_layers=tuple(sorted(sets[FLOAT])),
+                       int16_layers=tuple(sorted(sets[INT16])))
 
     def describe(self) -> dict[str, Any]:
         return {"weights_only": list(self.weights_only), "float": list(self.float_layers),
+                **({"int16_activations": list(self.int16_layers)} if self.int16_layers
+                   else {}),
                 "percentile": self.percentile,
                 "bias_correction": False if self.no_bias_correction else None,
                 **({} if self.eight_bit_ops else {"eight_bit_ops": False})}
@@ -197,9 +208,15 @@ class Trial:
 
     def layer_errors(self) -> list[dict[str, Any]]:
         for outcome in self.outcomes.values():
-            if outcome.node.stage in ("freeze_ranges", LITERT_STAGE):
+            if outcome.node.stage in ("freeze_ranges", LITERT_STAGE, AEQ_STAGE):
                 return list(outcome.info.get("layer_errors") or [])
         return []
+
+    @property
+    def computes_in(self) -> str | None:
+        """What the LiteRT Quantizer's file computes in (int8, int8+int16, ...)."""
+        return next((o.info.get("computes_in") for o in self.outcomes.values()
+                     if o.node.stage == AEQ_STAGE), None)
 
     def row(self) -> dict[str, Any]:
         errors = worst_first(self.layer_errors())
@@ -211,13 +228,15 @@ class Trial:
                 "fidelity": self.metrics.get("fidelity"), "quality": self.headline,
                 "logit_sqnr_db": round(closeness, 3) if math.isfinite(closeness) else None,
                 "shortfall": round(self.shortfall, 6), "size_bytes": self.size_bytes,
+                **({"computes_in": self.computes_in} if self.computes_in else {}),
                 "meets_budgets": self.ok, "violations": self.violations,
                 "seconds": round(self.seconds, 3)}
 
 
 def quantizer_nodes(nodes: list[Node]) -> list[Node]:
-    """The nodes the guard steers: quantize_nodes, or convert_tflite in int8 mode."""
-    return [n for n in nodes if n.stage == "quantize_nodes" or (
+    """The nodes the guard steers: quantize_nodes, convert_tflite in int8 mode, or
+    quantize_tflite."""
+    return [n for n in nodes if n.stage in ("quantize_nodes", AEQ_STAGE) or (
         n.stage == LITERT_STAGE and getattr(n.params, "mode", None) == "int8")]
 
 
@@ -267,6 +286,8 @@ def _stages_with(nodes: list[Node], settings: Settings) -> list[tuple[str, BaseM
             elif settings.float_layers:
                 params = _with(params, float_nodes=sorted(
                     {*params.float_nodes, *settings.float_layers}))
+        elif node.stage == AEQ_STAGE:
+            params = _aeq_params(params, settings)
         elif node.stage == "quantize_weights" and settings.float_layers:
             params = _with(params, exclude_nodes=sorted({*own, *settings.float_layers}))
         elif node.stage == "freeze_ranges" and settings.percentile is not None:
@@ -274,6 +295,21 @@ def _stages_with(nodes: list[Node], settings: Settings) -> list[tuple[str, BaseM
                            max_percentile=settings.percentile)
         stages.append((node.stage, params))
     return stages
+
+
+def _aeq_params(params: BaseModel, settings: Settings) -> BaseModel:
+    """quantize_tflite's params for a candidate: the layers it moves, by exact name, on top
+    of the recipe's own patterns; without eight-bit ops, dynamic range everywhere."""
+    from orchestrator.quant.litert_quantizer import layer_pattern
+
+    if not settings.eight_bit_ops:
+        return _with(params, scheme=DYNAMIC_SCHEME, layers={})
+    if not (settings.int16_layers or settings.float_layers):
+        return params
+    layers = dict(getattr(params, "layers", {}) or {})
+    layers.update({layer_pattern(n): WIDE_SCHEME for n in settings.int16_layers})
+    layers.update({layer_pattern(n): FLOAT for n in settings.float_layers})
+    return _with(params, layers=layers)
 
 
 def upstream_error(node: str, errors: Mapping[str, float],
@@ -338,7 +374,8 @@ class _Search:
         self.inputs_of: dict[str, list[str]] = {}  # float graph: node -> its data inputs
         self.prefix = ""  # the scope all layer names share (formatting.shared_scope)
         self.reserved = 0  # trials kept back for the weights-only answer
-        self.litert = any(n.stage == LITERT_STAGE for n in quantizer_nodes(nodes))
+        self.litert = any(n.stage in (LITERT_STAGE, AEQ_STAGE) for n in quantizer_nodes(nodes))
+        self.keeps_integer = False  # the LiteRT Quantizer: orchestrator.engine.integer_search
 
     @property
     def exhausted(self) -> bool:
@@ -363,7 +400,14 @@ class _Search:
                      headline, size, seconds)
 
     def best(self) -> Trial:
-        """The first candidate that meets the budgets, else the one closest to float."""
+        """The first candidate that meets the budgets (on the LiteRT Quantizer's path, the
+        one with the fewest layers out of int8), else the one closest to float."""
+        if self.keeps_integer:
+            from orchestrator.engine.integer_search import fewest_out_of_int8
+
+            chosen = fewest_out_of_int8(self.trials, lambda t: t.size_bytes or 0)
+            if chosen is not None:
+                return chosen
         return next((t for t in self.trials if t.ok), None) or max(
             self.trials, key=lambda t: t.closeness)
 
@@ -542,6 +586,9 @@ def _verdict(best_full: Trial, everywhere: Trial | None,
              weights_only_possible: bool, litert: bool = False) -> str:
     """What the search found, in one line, when no full 8-bit candidate met the budgets."""
     kernels = "LiteRT's int8 model" if litert else "the GraphDef eight-bit kernels"
+    if best_full.computes_in is not None:  # the LiteRT Quantizer's search
+        kernels = ("an integer LiteRT file (int8, int16 activations where needed, float "
+                   "only where neither held)")
     full = (f"{kernels} cannot reach the budget here (closest: trial "
             f"{best_full.index}, {best_full.headline}, logits {best_full.closeness:.1f} dB)")
     if litert:
@@ -582,7 +629,7 @@ def guard_pipeline(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, 
     if baseline.ok or not _has_quality_budget(plan):  # the recipe's own settings: chosen
         return GuardResult(nodes, baseline.outcomes, [_chosen(baseline.row())])
     quantize = quantizer_nodes(nodes)[0]
-    if quantize.stage == LITERT_STAGE:
+    if quantize.stage in (LITERT_STAGE, AEQ_STAGE):
         return _guard_litert(search, baseline, outcomes[quantize.id], tune)
     graph = data.load_model(quantize.input_model_key).graph_def
     allowed = getattr(quantize.params, "ops", None) or QUANTIZABLE_OPS
@@ -637,7 +684,15 @@ def _guard_litert(search: _Search, baseline: Trial, converted: NodeOutcome, tune
                      for r in rows if r.get("op") not in ("QUANTIZE", "DEQUANTIZE")]
     search.prefix = shared_scope([layer.name for layer in search.layers])
     search.reserved = 1
-    search.revert_layers(baseline, weights_only_possible=False)
+    if converted.node.stage == AEQ_STAGE:  # the quantizer's rows name each layer's inputs
+        from orchestrator.engine.integer_search import search_integer
+
+        search.inputs_of = {r["node"]: list(r.get("inputs") or []) for r in rows}
+        search.keeps_integer = True
+        search_integer(search, baseline, rank_layers(rows, search.layers, set(),
+                                                     search.inputs_of))
+    else:
+        search.revert_layers(baseline, weights_only_possible=False)
     return _conclude(search, search.best(), tune, weights_only_possible=True, litert=True)
 
 

@@ -122,6 +122,7 @@ def build_variant(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, N
                     **({"warnings": o.warnings} if o.warnings else {})} for o in own],
     }
     for key in ("ranges", "memmap", "encryption", "outputs", "layer_errors", "float_nodes",
+                "computes_in", "bytes_by_kind",
                 "bias_correction", "equalized", "host", "threads", "threads_matrix",
                 "profile", "latency_runs_ms", "memory", "estimate_basis"):
         if key in info:
@@ -574,7 +575,8 @@ def advice(report: Mapping[str, Any]) -> list[tuple[str, str]]:
         short = layer_names([r["node"] for r in variant["layer_errors"]])
         listed = ", ".join(f"{short[r['node']]} {r['rmse_over_scale']:.2f}" for r in bad[:3])
         stages = {s["name"] for s in variant.get("stages") or []}
-        setting = ("convert_tflite: {mode: int8, guard: true}" if "convert_tflite" in stages
+        setting = ("quantize_tflite: {guard: true}" if "quantize_tflite" in stages
+                   else "convert_tflite: {mode: int8, guard: true}" if "convert_tflite" in stages
                    else "quantize_nodes: {guard: true}")
         found.append((name, f"breaks the quality budget of {', '.join(quality)}, and "
                             f"{len(bad)} layer(s) are above {FLAG_ABOVE} RMSE/scale "

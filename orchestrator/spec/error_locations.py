@@ -248,6 +248,11 @@ def _located(err: Any, loc: Loc, alternatives: list[Any], path: Path,
     elif kind == "missing":
         message = f"missing required field {loc[-1]!r}"
         loc = loc[:-1]  # the mapping that lacks it: the key itself has no line
+    elif kind == "literal_error":  # one of a few names: the closest, if a typo
+        allowed = re.findall(r"'([^']*)'", str((err.get("ctx") or {}).get("expected", "")))
+        close = difflib.get_close_matches(str(err.get("input")), allowed, n=1)
+        hint = f' (did you mean "{close[0]}"?)' if close else ""
+        message = f"{err['msg']}; found {_shown(err.get('input'))}{hint}"
     elif kind == "value_error":  # our own validators' messages say what was found
         message = str(err["msg"]).removeprefix("Value error, ")
     else:

@@ -36,6 +36,7 @@ STAGE_MODULES: dict[str, str] = {
     "ops_header": "orchestrator.stages.ops_header",
     "graph_view": "orchestrator.stages.graph_view",
     "convert_tflite": "orchestrator.stages.convert_tflite",
+    "quantize_tflite": "orchestrator.stages.quantize_tflite",
     "measure_on_device": "orchestrator.stages.measure_on_device",
 }
 

@@ -1,0 +1,283 @@
+"""The LiteRT Quantizer (`ai-edge-quantizer`): a float `.tflite` in, a quantized one out.
+
+Google's supported path since quantizing inside the TFLite converter was deprecated. What
+this module adds around it:
+- schemes by the quantizer's own recipe names, one for the model and any per layer (a
+  regular expression searched in an op's name: its output tensors' names, as the quantizer
+  matches them), `float` keeping a layer out;
+- float model inputs and outputs by default (the app feeds floats; QUANTIZE / DEQUANTIZE
+  at the edges), or int8 ones;
+- calibration on the recipe's representative data in batches (the quantizer keeps a
+  moving average of each batch's min and max);
+- the quantizer's own per-tensor comparison (float model against quantized, every tensor,
+  on the same inputs) as per-layer error rows, and each layer's inputs, so that the
+  guard can rank layers by the error each one adds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import os
+import re
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+# The quantizer's recipe names (ai_edge_quantizer.recipe), plus `float` for "leave out".
+Scheme = Literal["static_wi8_ai8", "static_wi8_ai16", "dynamic_wi8_afp32",
+                 "dynamic_wi4_afp32", "weight_only_wi8_afp32", "weight_only_wi4_afp32",
+                 "float"]
+SCHEME_DOCS = {
+    "static_wi8_ai8": "full integer: int8 weights, int8 activations (calibrated)",
+    "static_wi8_ai16": "integer: int8 weights, int16 activations (a16w8, calibrated)",
+    "dynamic_wi8_afp32": "int8 weights, float activations quantized on the fly",
+    "dynamic_wi4_afp32": "int4 weights, float activations quantized on the fly",
+    "weight_only_wi8_afp32": "int8 weights dequantized to float, float compute",
+    "weight_only_wi4_afp32": "int4 weights dequantized to float, float compute",
+    "float": "not quantized",
+}
+STATIC = ("static_wi8_ai8", "static_wi8_ai16")
+FLOAT32 = 0  # schema TensorType
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One op of the float model, named as the quantizer names it: its first output."""
+
+    name: str
+    op: str
+    inputs: tuple[str, ...]  # the names of the tensors it reads
+    has_weights: bool
+
+
+def layer_pattern(name: str) -> str:
+    """The regular expression that matches exactly the op whose first output is `name` (the
+    quantizer matches `out1;out2;` against a recipe's regex)."""
+    return f"^{re.escape(name)};"
+
+
+def quantizer_for(float_model: bytes, scheme: Scheme, layers: Mapping[str, Scheme],
+                  per_channel: bool, float_io: bool) -> Any:
+    """The quantizer with its recipe: `scheme` for every op, then each of `layers`
+    (pattern -> scheme, later ones win), then float edges when `float_io`."""
+    from ai_edge_quantizer import qtyping, quantizer
+
+    granularity = (qtyping.QuantGranularity.CHANNELWISE if per_channel
+                   else qtyping.QuantGranularity.TENSORWISE)
+    made = quantizer.Quantizer(bytearray(float_model))
+    for pattern, each in [(".*", scheme), *layers.items()]:
+        _add(made, pattern, each, granularity)
+    if float_io:  # a key of its own, added last: no layer pattern overrides the edges
+        for edge in ("INPUT", "OUTPUT"):
+            made.update_quantization_recipe("(?s).*", edge, algorithm_key="no_quantize")
+    return made
+
+
+def _add(made: Any, pattern: str, scheme: Scheme, granularity: Any) -> None:
+    if scheme == "float":
+        made.update_quantization_recipe(pattern, "*", algorithm_key="no_quantize")
+    elif scheme.startswith("static_"):
+        made.add_static_config(pattern, "*", activation_num_bits=int(scheme[-2:].lstrip("i")),
+                               weight_num_bits=8, weight_granularity=granularity)
+    elif scheme.startswith("dynamic_"):
+        made.add_dynamic_config(pattern, "*", num_bits=_weight_bits(scheme),
+                                granularity=granularity)
+    else:
+        made.add_weight_only_config(pattern, "*", num_bits=_weight_bits(scheme),
+                                    granularity=granularity)
+
+
+def _weight_bits(scheme: str) -> int:
+    return int(re.search(r"wi(\d+)", scheme).group(1))  # type: ignore[union-attr]
+
+
+def with_signature(float_model: bytes, inputs: list[str], outputs: list[str]) -> bytes:
+    """`float_model` with a `serving_default` signature over its inputs and outputs, named
+    as the graph named them, when it has none (a conversion from a frozen graph makes
+    none): the quantizer feeds and compares a model through its signature, and an app
+    finds the shipped file's tensors by these names."""
+    from ai_edge_litert import schema_py_generated as schema
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(float_model))
+    if model.signatureDefs:
+        return float_model
+    subgraph = model.subgraphs[0]
+
+    def tensors(indices: Any, names: list[str]) -> list[Any]:
+        indices = [int(i) for i in indices]
+        if len(names) != len(indices):
+            names = [subgraph.tensors[i].name.decode() for i in indices]
+        return [schema.TensorMapT(name=name, tensorIndex=i)
+                for name, i in zip(names, indices, strict=True)]
+
+    model.signatureDefs = [schema.SignatureDefT(
+        inputs=tensors(subgraph.inputs, inputs), outputs=tensors(subgraph.outputs, outputs),
+        signatureKey="serving_default", subgraphIndex=0)]
+    return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+
+
+def signature(float_model: bytes) -> tuple[str, list[str]]:
+    """The model's signature key and its input names; ValueError when it has none (a
+    file whose names were stripped)."""
+    from orchestrator.model.litert_model import interpreter
+
+    signatures = interpreter(float_model, allocate=False).get_signature_list()
+    if not signatures:
+        raise ValueError("the float .tflite has no signature (were its names stripped?)")
+    key = next(iter(signatures))
+    return key, list(signatures[key]["inputs"])
+
+
+def signature_batches(float_model: bytes, batches: Iterable[np.ndarray]
+                      ) -> dict[str, list[dict[str, np.ndarray]]]:
+    """The quantizer's data format: {signature: [{input: batch}, ...]} (one input)."""
+    key, inputs = signature(float_model)
+    if len(inputs) != 1:
+        raise ValueError(f"the model has {len(inputs)} inputs; representative data feeds "
+                         "one")
+    return {key: [{inputs[0]: np.asarray(b, dtype=np.float32)} for b in batches]}
+
+
+def quantize(made: Any, calibration: Mapping[str, list[dict[str, np.ndarray]]] | None,
+             log: Any) -> bytes:
+    """Calibrate where the recipe needs it, then quantize; what the quantizer prints
+    (progress bars, reports) goes to `log` at debug level."""
+    with _quiet(log):
+        result = None
+        if made.need_calibration:
+            if not calibration:
+                raise ValueError("this scheme calibrates activation ranges on "
+                                 "representative data")
+            result = _min_max(made, calibration)
+        quantized = made.quantize(result, enable_progress_report=False)
+    return bytes(quantized.quantized_model)
+
+
+def _min_max(made: Any, calibration: Mapping[str, list[dict[str, np.ndarray]]]
+             ) -> dict[str, Any]:
+    """Each tensor's min and max over all the data. The quantizer's own calibration keeps a
+    moving average of each batch's (0.95 old, 0.05 new), which sits inside the true range:
+    an audio front end's loud clips then clip, at int8 and at int16 alike (the audio model
+    of benchmarks/litert_quantizer.py: 14 dB on a head with int16 everywhere, 41 dB with
+    the true range). So each batch is calibrated alone and the ranges merged."""
+    merged: dict[str, Any] = {}
+    threads = os.cpu_count() or 1
+    for key, batches in calibration.items():
+        for batch in batches:
+            for name, qsv in made.calibrate({key: [batch]}, num_threads=threads).items():
+                if name not in merged or not merged[name]:
+                    merged[name] = dict(qsv)
+                elif qsv:
+                    merged[name] = {**qsv, "min": np.minimum(merged[name]["min"], qsv["min"]),
+                                    "max": np.maximum(merged[name]["max"], qsv["max"])}
+    return merged
+
+
+@contextlib.contextmanager
+def _quiet(log: Any) -> Iterator[None]:
+    from orchestrator.model.native_output import native_output_held
+
+    caught: list[str] = []
+    text = io.StringIO()
+    try:  # its warnings too ("experimental_preserve_all_tensors ... for debugging")
+        with native_output_held(caught), contextlib.redirect_stderr(text), \
+                contextlib.redirect_stdout(text), warnings.catch_warnings(record=True) as notes:
+            warnings.simplefilter("always")
+            yield
+    finally:
+        said = [str(n.message) for n in locals().get("notes") or []]
+        for line in [*caught, *said, *text.getvalue().replace("\r", "\n").splitlines()]:
+            if line.strip():
+                log.debug("quantizer: %s", line.strip())
+
+
+def float_layers(float_model: bytes) -> list[Layer]:
+    """The float model's ops that compute on floats, in order, as layers."""
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(float_model))
+    subgraph = model.subgraphs[0]
+
+    def name(index: int) -> str:
+        raw = subgraph.tensors[index].name
+        return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+    def constant(index: int) -> bool:
+        return model.buffers[subgraph.tensors[index].buffer].data is not None
+
+    found = []
+    for op in subgraph.operators:
+        kind = flatbuffer_utils.opcode_to_name(model, op.opcodeIndex) or "CUSTOM"
+        if kind in ("QUANTIZE", "DEQUANTIZE") or op.outputs is None or not len(op.outputs) \
+                or subgraph.tensors[op.outputs[0]].type != FLOAT32:  # shape arithmetic
+            continue
+        inputs = [i for i in (op.inputs if op.inputs is not None else []) if i >= 0]
+        found.append(Layer(name(op.outputs[0]), kind,
+                           tuple(name(i) for i in inputs if not constant(i)),
+                           any(constant(i) and subgraph.tensors[i].shape is not None
+                               and len(subgraph.tensors[i].shape) >= 2 for i in inputs)))
+    return found
+
+
+def tensor_errors(made: Any, data: Mapping[str, list[dict[str, np.ndarray]]],
+                  quantized: bytes, layers: list[Layer], log: Any) -> list[dict[str, Any]]:
+    """Rows as freeze_ranges' layer_errors, worst first: each layer's output, float model
+    against quantized, from the quantizer's own comparison on `data`. `nmse` is the
+    error's power over the float tensor's (what has piled up by then: the guard ranks by
+    what a layer adds to its inputs'); `rmse_over_scale` is in quantization steps of the
+    tensor (0 for a tensor left in float); `inputs` name the tensors it reads."""
+    from ai_edge_quantizer.utils.validation_utils import ValidationErrorMetric
+
+    with _quiet(log):
+        compared = made.validate(dict(data), error_metrics=[ValidationErrorMetric.MSE,
+                                                            ValidationErrorMetric.SNR],
+                                 num_threads=os.cpu_count() or 1)
+    results = compared.get_all_tensor_results()
+    scales = _output_scales(quantized)
+    nmse: dict[str, float] = {}
+    for layer in layers:
+        measured = results.get(layer.name) or {}
+        mse, snr = measured.get("mse"), measured.get("snr")  # snr: a power ratio, not dB
+        if mse is not None and math.isfinite(mse):
+            nmse[layer.name] = 0.0 if mse == 0 else 1 / snr if snr and snr > 0 else math.inf
+    rows = []
+    for layer in layers:
+        if layer.name not in nmse or not math.isfinite(nmse[layer.name]):
+            continue
+        mse = float(results[layer.name]["mse"])
+        given = max((nmse.get(name, 0.0) for name in layer.inputs), default=0.0)
+        added = max(nmse[layer.name] - given, 0.0) if math.isfinite(given) else 0.0
+        scale = scales.get(layer.name)
+        # the error this layer adds, in its own quantization steps (the share of the
+        # error power it added, of the error at its output)
+        own_mse = mse * added / nmse[layer.name] if nmse[layer.name] else 0.0
+        rows.append({
+            "node": layer.name, "op": layer.op, "inputs": list(layer.inputs),
+            "rmse_over_scale": round(math.sqrt(own_mse) / scale, 6) if scale else 0.0,
+            "nmse": float(f"{nmse[layer.name]:.6g}"), "added_nmse": float(f"{added:.6g}"),
+            "sqnr_db": round(-10 * math.log10(nmse[layer.name]), 3)
+            if nmse[layer.name] else None,
+            "scale": float(f"{scale:.6g}") if scale else None})
+    return sorted(rows, key=lambda r: (r["added_nmse"], r["nmse"]), reverse=True)
+
+
+def _output_scales(quantized: bytes) -> dict[str, float]:
+    """Tensor name -> its (first) quantization scale, for the quantized tensors."""
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(quantized))
+    scales = {}
+    for tensor in model.subgraphs[0].tensors:
+        quantization = tensor.quantization
+        if quantization is not None and quantization.scale is not None \
+                and len(quantization.scale):
+            raw = tensor.name
+            scales[raw.decode() if isinstance(raw, bytes) else str(raw)] = \
+                float(quantization.scale[0])
+    return scales

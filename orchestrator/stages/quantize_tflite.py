@@ -1,0 +1,177 @@
+"""Quantize a float `.tflite` with the LiteRT Quantizer (`ai-edge-quantizer`).
+
+Google's supported path: convert to float (`convert_tflite: {mode: fp32}`), then this. The
+scheme is one of the quantizer's recipes, for the whole model and, through `layers`, per
+layer by a regular expression searched in an op's name (its output tensors' names):
+
+    - convert_tflite: {mode: fp32}
+    - quantize_tflite:
+        scheme: static_wi8_ai8            # full integer: what int8 kernels, DSPs, NPUs run
+        layers: {"dense_1/": static_wi8_ai16, "softmax": float}
+
+The static schemes calibrate activation ranges on the recipe's representative data, in
+batches. The quantizer's own comparison of every tensor (float model against quantized,
+on representative inputs) becomes the layer_errors of the report, the page and MLflow;
+the accuracy guard (`guard: true`) ranks layers by it when a quality budget breaks, and
+moves the worst to int16 activations (a16w8) before float. The report says what the file
+computes in (full integer, int8 with int16 activations, int8 with float layers, dynamic,
+float): that decides whether a DSP or an NPU can run it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field, NonNegativeInt, PositiveInt, field_validator
+
+from orchestrator.errors import DataError, ModelSourceError
+from orchestrator.model.artifact import ModelArtifact
+from orchestrator.quant.litert_quantizer import SCHEME_DOCS, STATIC, Scheme
+from orchestrator.stages import register
+from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
+
+# A layer above this many quantization steps of error at its output is flagged (as
+# convert_tflite flags the debugger's figures).
+LAYER_ERROR_LIMIT = 0.7
+
+
+class Params(StageParams):
+    scheme: Scheme = Field(
+        "static_wi8_ai8", description="The quantizer's recipe for the whole model: " + "; ".join(
+            f"{name}: {doc}" for name, doc in SCHEME_DOCS.items()) + ".")
+    layers: dict[str, Scheme] = Field(
+        {}, description="Per layer: a regular expression searched in an op's name (its "
+        "output tensors' names) -> a scheme; later entries win. E.g. {\"conv2d_3\": "
+        "static_wi8_ai16, \"logits\": float}.")
+    io: Literal["float", "int8"] = Field(
+        "float", description="Static schemes: the model's input "
+        "and output type. float (default): the app feeds floats (QUANTIZE / DEQUANTIZE at "
+        "the edges); int8: the app quantizes its inputs and dequantizes its outputs.")
+    per_channel: bool = Field(
+        True, description="One weight scale per output channel (more accurate; each "
+        "channel costs 12 bytes of quantization params); false: one per tensor.")
+    calibration_samples: PositiveInt = Field(
+        200, description="Static schemes: representative samples that calibrate the "
+        "activation ranges.")
+    calibration_batch: PositiveInt = Field(
+        32, description="Samples per calibration batch (the quantizer keeps a moving "
+        "average of each batch's min and max).")
+    diagnostic_samples: NonNegativeInt = Field(
+        50, description="Representative samples on which the quantizer compares every "
+        "tensor with the float model's (layer_errors); 0: none.")
+    guard: bool = Field(
+        False, description="When a target's quality budget breaks, move the layers that "
+        "add the most error to int16 activations (a16w8), and to float only where no "
+        "integer scheme holds (see orchestrator.engine.guard); each trial is tracked.")
+
+    @field_validator("layers")
+    @classmethod
+    def _patterns_compile(cls, layers: dict[str, Any]) -> dict[str, Any]:
+        for pattern in layers:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"layer pattern {pattern!r} is not a regular expression: "
+                                 f"{exc}") from exc
+        return layers
+
+
+def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
+    from orchestrator.model.litert_model import describe
+    from orchestrator.model.litert_precision import DESCRIPTIONS, computes_in, float_ops
+    from orchestrator.quant import litert_quantizer as aeq
+    from orchestrator.quant.litert_rewrites import rewrite_for_quantizer
+
+    float_model = given.payload
+    assert float_model is not None
+    if computes_in(float_model) != "float":
+        raise ModelSourceError("quantize_tflite takes a float .tflite: put "
+                               "convert_tflite: {mode: fp32} before it")
+    float_model = aeq.with_signature(float_model, given.input_names,
+                                     [name.split(":")[0] for name in given.outputs])
+    float_model, rewritten = rewrite_for_quantizer(float_model)
+    static = params.scheme in STATIC or any(s in STATIC for s in params.layers.values())
+    try:
+        made = aeq.quantizer_for(float_model, params.scheme, params.layers,
+                                 params.per_channel, float_io=params.io == "float")
+        calibration = (aeq.signature_batches(float_model, _batches(
+            ctx, params.calibration_samples, params.calibration_batch)) if static else None)
+        quantized = aeq.quantize(made, calibration, ctx.log)
+    except ValueError as exc:
+        raise ModelSourceError(f"the LiteRT Quantizer could not quantize this model with "
+                               f"{params.scheme}: {exc}") from exc
+    verdict = computes_in(quantized)
+    float_left = float_ops(quantized) if verdict == "int8+float" else {}
+    info: dict[str, Any] = {"computes_in": verdict}
+    if rewritten:  # ops the quantizer has no rule for, as equivalents it has
+        info["rewritten_ops"] = rewritten
+    metrics: dict[str, float] = {"size_ratio": len(quantized) / len(float_model)}
+    diagnostics: list[str] = []
+    if params.diagnostic_samples and ctx.representative is not None:
+        data = aeq.signature_batches(float_model, _batches(
+            ctx, params.diagnostic_samples, params.calibration_batch))
+        rows = aeq.tensor_errors(made, data, quantized, aeq.float_layers(float_model),
+                                 ctx.log)
+        info["layer_errors"] = rows
+        metrics.update(_error_metrics(rows))
+        flagged = [r for r in rows if r["rmse_over_scale"] > LAYER_ERROR_LIMIT]
+        if flagged:
+            from orchestrator.formatting import layer_names
+
+            short = layer_names([r["node"] for r in rows])
+            listed = ", ".join(f"{short[r['node']]} {r['rmse_over_scale']:.2f}"
+                               for r in flagged[:3])
+            diagnostics.append(f"{len(flagged)} layer(s) add above {LAYER_ERROR_LIMIT} "
+                               f"quantization steps of error (rounding alone: 0.29): "
+                               f"{listed}. Where a quality budget "
+                               "breaks, the guard (quantize_tflite: {guard: true}) moves "
+                               "such layers to int16 activations, then float")
+    if float_left:
+        listed = ", ".join(f"{op} x{n}" for op, n in sorted(float_left.items()))
+        diagnostics.append(f"computes in float in the quantized model: {listed}")
+    info["tflite"] = {"mode": "int8" if verdict.startswith("int8") else "dynamic_range"
+                      if verdict == "dynamic" else "fp32", "scheme": params.scheme,
+                      "layers": dict(params.layers), "io": params.io,
+                      "computes_in": verdict, "computes_in_text": DESCRIPTIONS[verdict],
+                      "ops": describe(quantized).op_counts, "float_ops": float_left}
+    if diagnostics:
+        info["diagnostics"] = diagnostics
+    metadata = {**given.metadata, "tflite": {**(given.metadata.get("tflite") or {}),
+                                             "mode": info["tflite"]["mode"],
+                                             "scheme": params.scheme, "io": params.io,
+                                             "computes_in": verdict}}
+    artifact = ModelArtifact(graph_def=None, kind="tflite", payload=quantized,
+                             inputs=given.inputs, outputs=given.outputs, metadata=metadata)
+    return StageResult(artifact=artifact, metrics=metrics, info=info)
+
+
+def _batches(ctx: StageContext, samples: int, batch: int) -> Any:
+    if ctx.representative is None:
+        raise DataError("quantize_tflite's static schemes calibrate activation ranges on "
+                        "data.representative, and the recipe has none (or use "
+                        "dynamic_wi8_afp32, which needs no data)")
+    return ctx.representative(samples, batch)
+
+
+def _error_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
+    metrics = {"layers_flagged": float(sum(r["rmse_over_scale"] > LAYER_ERROR_LIMIT
+                                           for r in rows))}
+    if rows:
+        metrics["layer_error_max"] = max(r["rmse_over_scale"] for r in rows)
+        known = [r["nmse"] for r in rows if r["nmse"] is not None]
+        if known:
+            metrics["layer_nmse_max"] = max(known)
+    return metrics
+
+
+def data_for(params: Params) -> dict[str, str]:
+    """The static schemes calibrate on the representative data; the others need none."""
+    static = params.scheme in STATIC or any(s in STATIC for s in params.layers.values())
+    return {"representative": f"scheme {params.scheme} calibrates its activation ranges "
+            "on it"} if static else {}
+
+
+STAGE = register(Stage(name="quantize_tflite", run=run, params=Params, doc=__doc__ or "",
+                       accepts=frozenset({"tflite"}), optional_data=("representative",),
+                       data_for=data_for))
