@@ -72,8 +72,8 @@ model: {{path: {model}{shape}}}
 data:
   representative: {{source: {data}, array: x_calib, samples: 200}}
   evaluation: {{source: {data}, inputs: {inputs}{labels}}}
-targets: [{{name: phone, device: phone-2016, budgets: {budgets}}}]
-{outputs}"""
+targets: [{{name: phone, device: phone-2016, budgets: {budgets}{connect}}}]
+"""
 
 CLASSIFIER = "{min_fidelity: 0.99}"
 HEADS = "{min_sqnr_db: 20}"
@@ -89,26 +89,27 @@ def _build_test_model(module: str, folder: Path) -> None:
     subprocess.run([sys.executable, "-c", code], env=quiet_env(), check=True)
 
 
-def recipe_text(name: str, bench: str) -> str:
+def recipe_text(name: str, bench: str, board: str | None = None) -> str:
     """The model's recipe (files built once under the work folder)."""
     work = DEFAULT_WORK / "models" / name
     work.mkdir(parents=True, exist_ok=True)
+    connect = f", connect: '{board}'" if board else ""
     if name == "digits":
         header = HEADER.format(name=name, model=DIGITS / "saved_model",
                                shape=", inputs: [{name: image, dtype: float32, "
                                "shape: [1, 8, 8, 1]}]", data=DIGITS / "data.npz",
                                inputs="x_test", labels=", labels: y_test",
-                               budgets=CLASSIFIER, outputs="")
+                               budgets=CLASSIFIER, connect=connect)
     elif name == "xception":
         _build_test_model("models_photo_xception", work)
         header = HEADER.format(name=name, model=work / "model.keras", shape="",
                                data=work / "data.npz", inputs="x_test",
-                               labels=", labels: y_test", budgets=CLASSIFIER, outputs="")
+                               labels=", labels: y_test", budgets=CLASSIFIER, connect=connect)
     elif name == "audio":
         _build_test_model("models_audio_frontend", work)
         header = HEADER.format(name=name, model=work / "model.keras", shape="",
                                data=work / "data.npz", inputs="x_test", labels="",
-                               budgets=HEADS, outputs="")
+                               budgets=HEADS, connect=connect)
     else:
         from onet import build_data
 
@@ -116,7 +117,7 @@ def recipe_text(name: str, bench: str) -> str:
         # face_prob is a class score: judged by its agreement, the regressions by SQNR
         header = HEADER.format(name=name, model=work / "saved_model", shape="",
                                data=work / "data.npz", inputs="x_eval", labels="",
-                               budgets="{min_sqnr_db: 20, min_fidelity: 0.99}", outputs="")
+                               budgets="{min_sqnr_db: 20, min_fidelity: 0.99}", connect=connect)
     return header + PIPELINES.format(bench=bench)
 
 
@@ -136,8 +137,21 @@ def figures(report: dict[str, Any]) -> list[dict[str, Any]]:
             "computes_in": variant.get("computes_in") or _computes_in(variant),
             "p50_ms": (variant.get("latency_ms") or {}).get("p50"),
             "trials": len(variant.get("trials") or []),
+            "board": _board(variant["targets"]["phone"].get("measured") or {}),
             "meets": not any(t.get("violations") for t in variant["targets"].values())})
     return rows
+
+
+def _board(measured: dict[str, Any]) -> str:
+    """The board's top-1 agreement with this host per class output (else the largest
+    abs difference), or why it was not measured."""
+    if not measured:
+        return ""
+    if not measured.get("measured"):
+        return f"not measured: {measured.get('reason', '-')}"
+    return ", ".join(f"{n} {o['top1_agreement']:.3f}" if "top1_agreement" in o
+                     else f"{n} ±{o['max_abs_diff']:.2g}"
+                     for n, o in measured["outputs"].items())
 
 
 def _computes_in(variant: dict[str, Any]) -> str:
@@ -152,14 +166,18 @@ def table(name: str, rows: list[dict[str, Any]]) -> str:
 
     lines = [f"### {name}", "",
              "| variant | size KiB | / fp32 | per output (agreement, or SQNR dB) | computes in "
-             "| meets budget | host p50 ms, 1 thread | guard trials |",
-             "|---|---:|---:|---|---|---|---:|---:|"]
+             "| meets budget | host p50 ms, 1 thread | guard trials |"
+             + (" board vs host (agreement, or max abs diff) |" if any(r["board"] for r in rows)
+                else ""),
+             "|---|---:|---:|---|---|---|---:|---:|" + ("---|" if any(r["board"] for r in rows)
+                                                        else "")]
     for r in rows:
         outputs = ", ".join(f"{n} {num(v, '.3f' if r['kinds'][n] == 'agreement' else '.1f')}"
                             for n, v in r["per_output"].items())
         lines.append(f"| {r['variant']} | {r['bytes'] / 1024:,.1f} | {r['ratio']:.3f} | "
                      f"{outputs} | {r['computes_in']} | {'yes' if r['meets'] else 'no'} | "
-                     f"{num(r['p50_ms'], '.3f')} | {r['trials'] or ''} |")
+                     f"{num(r['p50_ms'], '.3f')} | {r['trials'] or ''} |"
+                     + (f" {r['board']} |" if r["board"] else ""))
     return "\n".join(lines)
 
 
@@ -181,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="xception,onet,audio,digits")
     parser.add_argument("--work", type=Path, default=DEFAULT_WORK)
+    parser.add_argument("--board", help="also measure every variant on this board (a "
+                        "target's connect: URL, e.g. qemu://aarch64?cpu=cortex-a76)")
     parser.add_argument("--quick", action="store_true",
                         help="digits only, 20 timed runs: proves the script still works")
     args = parser.parse_args(argv)
@@ -192,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for name in models:
         recipe = work / f"{name}.yaml"
-        recipe.write_text(recipe_text(name, bench))
+        recipe.write_text(recipe_text(name, bench, args.board))
         out = work / f"out_{name}"
         shutil.rmtree(out, ignore_errors=True)
         code, report, console, seconds = run_recipe(default_cli(), recipe, out, work)

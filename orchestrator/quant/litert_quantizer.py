@@ -67,8 +67,8 @@ def quantizer_for(float_model: bytes, scheme: Scheme, layers: Mapping[str, Schem
     (pattern -> scheme, later ones win), then float edges when `float_io`."""
     from ai_edge_quantizer import qtyping, quantizer
 
-    granularity = (qtyping.QuantGranularity.CHANNELWISE if per_channel
-                   else qtyping.QuantGranularity.TENSORWISE)
+    granularity = qtyping.QuantGranularity.CHANNELWISE if per_channel \
+        else qtyping.QuantGranularity.TENSORWISE
     made = quantizer.Quantizer(bytearray(float_model))
     for pattern, each in [(".*", scheme), *layers.items()]:
         _add(made, pattern, each, granularity)
@@ -87,6 +87,11 @@ def _add(made: Any, pattern: str, scheme: Scheme, granularity: Any) -> None:
     elif scheme.startswith("dynamic_"):
         made.add_dynamic_config(pattern, "*", num_bits=_weight_bits(scheme),
                                 granularity=granularity)
+        # LiteRT's one float-input depthwise kernel reads a scale per channel: one scale
+        # per tensor makes every channel but the first read past it (convert_tflite's
+        # per_channel: false met it), so depthwise filters stay per channel
+        made.add_dynamic_config(pattern, "DEPTHWISE_CONV_2D", num_bits=_weight_bits(scheme),
+                                granularity=type(granularity).CHANNELWISE)
     else:
         made.add_weight_only_config(pattern, "*", num_bits=_weight_bits(scheme),
                                     granularity=granularity)

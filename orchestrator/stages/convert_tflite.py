@@ -13,6 +13,11 @@ Ops LiteRT has no builtin kernel for fail the conversion with their names, unles
 `select_tf_ops` lets them run as TF ops (the app then links the Flex delegate, several MB).
 `float_nodes` / `float_ops` keep named nodes or op types in float in int8 mode (the
 quantization debugger's denylists): the closed-loop guard sets them.
+
+`per_channel: false` keeps one scale per weight tensor, but for the filters of float-input
+(hybrid: dynamic range) DEPTHWISE_CONV_2D ops, which stay per channel, with a warning:
+LiteRT's only hybrid depthwise kernel reads one scale per output channel, and given one per
+tensor reads past it (garbage outputs, NaN).
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from __future__ import annotations
 import math
 import re
 import warnings
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 import numpy as np
@@ -37,6 +43,13 @@ from orchestrator.stages.base import Stage, StageContext, StageParams, StageResu
 LAYER_ERROR_LIMIT = 0.7
 # Float activations beyond this mean square are not values but an unset buffer.
 SANE_POWER = 1e30
+# LiteRT's hybrid DEPTHWISE_CONV_2D (float input, int8 filter: dynamic range) has one kernel,
+# EvalHybridPerChannel, which multiplies output channel c by the filter's scale[c]. Prepare
+# checks the scales' count against the filter's size along its quantized_dimension, which for
+# a per-tensor filter (1, h, w, channels) is dimension 0, of size 1: one scale passes, and
+# channels 1.. read past it. Such filters are kept per channel (PER_CHANNEL_ONLY_HYBRID).
+PER_CHANNEL_ONLY_HYBRID = "DEPTHWISE_CONV_2D"
+DEPTHWISE_CHANNEL_AXIS = 3  # a depthwise filter is (1, h, w, channels)
 
 
 class Params(StageParams):
@@ -62,7 +75,9 @@ class Params(StageParams):
         True, description="int8 / dynamic_range: one scale per output channel of a weight "
         "(more accurate). Each channel costs 12 bytes of quantization params (a float32 "
         "scale, an int64 zero point): on small models of thin layers that is a fifth of "
-        "the file; false keeps one scale per tensor.")
+        "the file; false keeps one scale per tensor, but for the int8 filters of "
+        "DEPTHWISE_CONV_2D ops with float input (dynamic_range), kept per channel with a "
+        "warning: LiteRT's hybrid depthwise kernel reads one scale per channel.")
     strip_names: bool = Field(
         False, description="Drop tensor names and signatures from the shipped file "
         "(LiteRT's strip_strings): a few % smaller; the app then finds its input and output "
@@ -81,10 +96,26 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
 
     converter = _converter(given, params, ctx)
     flatbuffer = _convert(converter, given, params, ctx)
+    warnings: list[str] = []
+    kept_per_channel: dict[str, int] = {}
+    if not params.per_channel:
+        per_channel = params.model_copy(update={"per_channel": True})
+        flatbuffer, kept = _depthwise_per_channel(flatbuffer, lambda: _convert(
+            _converter(given, per_channel, ctx), given, per_channel, ctx))
+        if kept["filters"]:
+            kept_per_channel = {PER_CHANNEL_ONLY_HYBRID: kept["filters"]}
+            how = ("their per-channel conversion" if not kept["repeated"] else
+                   f"{kept['repeated']} of them with their one scale repeated per channel, "
+                   "their per-channel conversion not matching")
+            warnings.append(
+                f"per_channel: false: {kept['filters']} {PER_CHANNEL_ONLY_HYBRID} filter(s) "
+                f"with float input kept per channel ({how}; +{kept['bytes']:,} bytes): "
+                "LiteRT's hybrid depthwise kernel reads one scale per output channel, and "
+                "with one per tensor reads past it (garbage outputs). The other weights are "
+                "per tensor")
     if params.strip_names:
         flatbuffer = _stripped(flatbuffer)
     facts = describe(flatbuffer)
-    warnings: list[str] = []
     # the same arithmetic as the graph's: what benchmark's device estimates start from
     flops = _graph_flops(given, warnings)
     artifact = ModelArtifact(graph_def=None, kind="tflite", payload=flatbuffer,
@@ -125,6 +156,8 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
     info["tflite"] = {"mode": params.mode, "io": params.io, "ops": facts.op_counts,
                       "float_ops": float_ops, "float_nodes": list(params.float_nodes),
                       "float_op_types": list(params.float_ops)}
+    if kept_per_channel:
+        info["tflite"]["kept_per_channel"] = kept_per_channel
     if diagnostics:
         info["diagnostics"] = diagnostics
     return StageResult(artifact=artifact, metrics=metrics, info=info, warnings=warnings)
@@ -243,6 +276,113 @@ def _convert_with_float_layers(converter: Any, params: Params, ctx: StageContext
     return bytes(debugger.get_nondebug_quantized_model())
 
 
+def _per_tensor_hybrid_depthwise(model: Any) -> list[tuple[int, int, int]]:
+    """(subgraph, operator, filter tensor) of each DEPTHWISE_CONV_2D with a float input and
+    an int8 filter that has one scale for several output channels: what LiteRT's hybrid
+    kernel misreads (PER_CHANNEL_ONLY_HYBRID)."""
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    float32, int8 = flatbuffer_utils.TensorType.FLOAT32, flatbuffer_utils.TensorType.INT8
+    found = []
+    for g, subgraph in enumerate(model.subgraphs):
+        for o, op in enumerate(subgraph.operators or []):
+            if (flatbuffer_utils.opcode_to_name(model, op.opcodeIndex)
+                    != PER_CHANNEL_ONLY_HYBRID or len(op.inputs) < 2 or min(op.inputs[:2]) < 0):
+                continue
+            given, kernel = (subgraph.tensors[int(i)] for i in op.inputs[:2])
+            scales = kernel.quantization.scale if kernel.quantization is not None else None
+            if (given.type == float32 and kernel.type == int8 and scales is not None
+                    and len(scales) == 1 and kernel.shape is not None
+                    and len(kernel.shape) == 4 and kernel.shape[DEPTHWISE_CHANNEL_AXIS] > 1):
+                found.append((g, o, int(op.inputs[1])))
+    return found
+
+
+def _depthwise_per_channel(flatbuffer: bytes, per_channel: Callable[[], bytes]
+                           ) -> tuple[bytes, dict[str, int]]:
+    """A per-tensor model (per_channel: false) whose hybrid depthwise filters are made per
+    channel: each is replaced by its own per-channel quantization from `per_channel()` (the
+    same model converted per channel, called only when some filter needs it), matched by
+    operator position and checked to hold the same weights. Where that conversion does not
+    match, the filter keeps its int8 values and one scale, repeated per channel (the same
+    arithmetic as per tensor, which the kernel then reads right). Returns the model and
+    {filters: kept per channel, repeated: of them by repetition, bytes: added}."""
+    import copy
+
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(flatbuffer))
+    broken = _per_tensor_hybrid_depthwise(model)
+    if not broken:
+        return flatbuffer, {"filters": 0, "repeated": 0, "bytes": 0}
+    other = flatbuffer_utils.convert_bytearray_to_object(bytearray(per_channel()))
+    users = Counter(tensor.buffer for subgraph in model.subgraphs
+                    for tensor in subgraph.tensors)
+    repeated = 0
+    for g, o, t in broken:
+        tensor = model.subgraphs[g].tensors[t]
+        data = _per_channel_twin(model, other, g, o)
+        if data is None:  # the one scale, once per channel: per-tensor values, read right
+            repeated += 1
+            channels = int(tensor.shape[DEPTHWISE_CHANNEL_AXIS])
+            tensor.quantization.scale = [float(tensor.quantization.scale[0])] * channels
+            tensor.quantization.zeroPoint = [0] * channels
+            tensor.quantization.quantizedDimension = DEPTHWISE_CHANNEL_AXIS
+            continue
+        values, quantization = data
+        tensor.quantization = copy.deepcopy(quantization)
+        if users[tensor.buffer] > 1:  # shared: this tensor gets a buffer of its own
+            users[tensor.buffer] -= 1
+            model.buffers.append(flatbuffer_utils.BufferT())
+            tensor.buffer = len(model.buffers) - 1
+        model.buffers[tensor.buffer].data = values
+    made = bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+    return made, {"filters": len(broken), "repeated": repeated,
+                  "bytes": len(made) - len(flatbuffer)}
+
+
+def _per_channel_twin(model: Any, other: Any, g: int, o: int) -> tuple[np.ndarray, Any] | None:
+    """The int8 values and quantization of operator `o`'s filter in `other`, the same model
+    converted per channel, if `other` has the same operators and that filter is per channel
+    over the same shape and dequantizes to the same weights (within both roundings)."""
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    def names(m: Any, index: int) -> list[str]:
+        return [flatbuffer_utils.opcode_to_name(m, op.opcodeIndex)
+                for op in m.subgraphs[index].operators or []]
+
+    if len(other.subgraphs) != len(model.subgraphs) or names(model, g) != names(other, g):
+        return None
+    mine = model.subgraphs[g].tensors[int(model.subgraphs[g].operators[o].inputs[1])]
+    twin = other.subgraphs[g].tensors[int(other.subgraphs[g].operators[o].inputs[1])]
+    quantization = twin.quantization
+    channels = int(mine.shape[DEPTHWISE_CHANNEL_AXIS])
+    if (twin.type != mine.type or list(twin.shape) != list(mine.shape)
+            or quantization is None or quantization.scale is None
+            or len(quantization.scale) != channels
+            or quantization.quantizedDimension != DEPTHWISE_CHANNEL_AXIS
+            or quantization.zeroPoint is None or any(int(z) for z in quantization.zeroPoint)):
+        return None
+    values = _buffer(other, twin.buffer)
+    per_tensor = _buffer(model, mine.buffer)
+    if values is None or per_tensor is None or values.size != per_tensor.size:
+        return None
+    shape = [int(d) for d in mine.shape]
+    scales = np.asarray(quantization.scale, dtype=np.float64)
+    scale = float(mine.quantization.scale[0])
+    weights = values.view(np.int8).reshape(shape) * scales
+    before = per_tensor.view(np.int8).reshape(shape) * scale
+    if np.abs(weights - before).max() > (scale + scales.max()) / 2 * 1.001:
+        return None
+    return values, quantization
+
+
+def _buffer(model: Any, index: int) -> np.ndarray | None:
+    """A buffer's bytes (uint8), or None where it has none inside the flatbuffer."""
+    data = model.buffers[index].data if 0 <= index < len(model.buffers) else None
+    return None if data is None else np.asarray(data, dtype=np.uint8)
+
+
 def _stripped(flatbuffer: bytes) -> bytes:
     """The model without tensor names, subgraph names and signatures."""
     from ai_edge_litert.tools import flatbuffer_utils
@@ -291,8 +431,6 @@ def _layer_errors(converter: Any, params: Params, ctx: StageContext) -> list[dic
 
 def _float_ops(flatbuffer: bytes) -> dict[str, int]:
     """Op types of an int8 model that compute in float (their first output is float32)."""
-    from collections import Counter
-
     from ai_edge_litert.tools import flatbuffer_utils
 
     model = flatbuffer_utils.convert_bytearray_to_object(bytearray(flatbuffer))

@@ -195,3 +195,28 @@ def test_a_misspelt_scheme_in_a_recipe_gets_a_did_you_mean(tmp_path: Path) -> No
         load_recipe(recipe, check_files=False)
     text = str(caught.value)
     assert 'did you mean "static_wi8_ai16"?' in text and ":7:" in text, text
+
+
+def test_per_tensor_dynamic_keeps_depthwise_filters_per_channel(float_tflite, digits,
+                                                               reference) -> None:
+    """LiteRT's float-input depthwise kernel reads one scale per channel: a per-tensor
+    filter there reads past its one scale (convert_tflite's per-tensor defect). The
+    other weights go per tensor as asked."""
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    result = apply("quantize_tflite", float_tflite, None, scheme="dynamic_wi8_afp32",
+                   per_channel=False, diagnostic_samples=0)
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(result.artifact.payload))
+    subgraph = model.subgraphs[0]
+    scales = {}
+    for op in subgraph.operators:
+        name = flatbuffer_utils.opcode_to_name(model, op.opcodeIndex)
+        weight = subgraph.tensors[op.inputs[1]] if len(op.inputs) > 1 else None
+        if weight is not None and weight.type == INT8:
+            scales.setdefault(name, []).append(len(weight.quantization.scale))
+    assert all(n > 1 for n in scales["DEPTHWISE_CONV_2D"]), scales
+    assert all(n == 1 for op, counts in scales.items() if op != "DEPTHWISE_CONV_2D"
+               for n in counts), scales
+    got = outputs(result.artifact.payload, digits["x_test"][:200])
+    assert np.isfinite(got).all()
+    assert agreement(got, reference) >= 0.97
