@@ -20,7 +20,8 @@ from typing import Any, Literal
 ComputesIn = Literal["int8", "int8+int16", "int8+float", "dynamic", "float"]
 
 # schema TensorType values
-FLOAT32, INT16, INT8, UINT8 = 0, 7, 9, 3
+FLOAT32, INT16, INT8, UINT8, INT4 = 0, 7, 9, 3, 17
+INTEGER_WEIGHTS = frozenset({INT8, UINT8, INT4})
 # Ops that only convert at an edge or between precisions: not compute.
 EDGE_OPS = frozenset({"QUANTIZE", "DEQUANTIZE"})
 DESCRIPTIONS = {"int8": "full integer (int8)",
@@ -38,12 +39,10 @@ def _model(flatbuffer: bytes) -> Any:
 
 def _compute_ops(model: Any) -> list[tuple[str, int, Any, Any]]:
     """(op name, first output's type, op, subgraph) of every op that computes."""
-    from ai_edge_litert.tools import flatbuffer_utils
-
     found = []
     for subgraph in model.subgraphs:
         for op in subgraph.operators:
-            name = flatbuffer_utils.opcode_to_name(model, op.opcodeIndex) or "CUSTOM"
+            name = _op_name(model, op)
             if name in EDGE_OPS or op.outputs is None or not len(op.outputs):
                 continue
             found.append((name, subgraph.tensors[op.outputs[0]].type, op, subgraph))
@@ -67,16 +66,20 @@ def computes_in(flatbuffer: bytes) -> ComputesIn:
         return "int8+int16" if INT16 in kinds else "int8"
     if integer:
         return "int8+float"
+
+    def integer_constant(subgraph: Any, index: int) -> bool:
+        if index < 0:  # an optional input left out
+            return False
+        tensor = subgraph.tensors[index]
+        return tensor.type in INTEGER_WEIGHTS and model.buffers[tensor.buffer].data is not None
+
+    # dynamic range: int8 weights into float ops; weight-only: int8 weights dequantized
+    # before them (float16 weights are dequantized too, and stay "float")
     quantized_weights = any(
-        subgraph.tensors[i].type in (INT8, UINT8) or subgraph.tensors[i].type == 17  # INT4
-        for _, _, op, subgraph in ops for i in (op.inputs if op.inputs is not None else [])
-        if i >= 0 and model.buffers[subgraph.tensors[i].buffer].data is not None)
-    dequantized_weights = any(  # weight-only: int8 constants dequantized before the op
-        name == "DEQUANTIZE" and op.inputs is not None and len(op.inputs)
-        and model.buffers[subgraph.tensors[op.inputs[0]].buffer].data is not None
-        for subgraph in model.subgraphs for op in subgraph.operators
-        for name in [_op_name(model, op)])
-    return "dynamic" if quantized_weights or dequantized_weights else "float"
+        integer_constant(subgraph, int(i)) for subgraph in model.subgraphs
+        for op in subgraph.operators if op.inputs is not None for i in op.inputs
+        if _op_name(model, op) != "QUANTIZE")
+    return "dynamic" if quantized_weights else "float"
 
 
 def _op_name(model: Any, op: Any) -> str:

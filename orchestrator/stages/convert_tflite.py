@@ -33,6 +33,7 @@ import numpy as np
 from pydantic import Field, NonNegativeInt, PositiveInt
 
 from orchestrator.errors import DataError, ModelSourceError
+from orchestrator.model import litert_precision
 from orchestrator.model.artifact import ModelArtifact
 from orchestrator.model.native_output import native_output_held
 from orchestrator.stages import register
@@ -124,7 +125,8 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
                                        "tflite": {"mode": params.mode, "io": params.io,
                                                   "flops": flops}})
     graph_bytes = len(given.graph_bytes())
-    float_ops = _float_ops(flatbuffer) if params.mode == "int8" else {}
+    float_ops = litert_precision.float_ops(flatbuffer) if params.mode == "int8" else {}
+    computes_in = litert_precision.computes_in(flatbuffer)
     info: dict[str, Any] = {}
     metrics: dict[str, float] = {}
     diagnostics: list[str] = []
@@ -153,6 +155,7 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
     metrics.update({"size_ratio": len(flatbuffer) / graph_bytes if graph_bytes else 1.0,
                     "tflite_ops": float(sum(facts.op_counts.values())),
                     "float_ops": float(sum(float_ops.values()))})
+    info["computes_in"] = computes_in  # int8, int8+float, dynamic or float
     info["tflite"] = {"mode": params.mode, "io": params.io, "ops": facts.op_counts,
                       "float_ops": float_ops, "float_nodes": list(params.float_nodes),
                       "float_op_types": list(params.float_ops)}
@@ -427,23 +430,6 @@ def _layer_errors(converter: Any, params: Params, ctx: StageContext) -> list[dic
                      "nmse": float(f"{mse / power_value:.6g}") if power_value > 0 else None,
                      "scale": float(f"{scale:.6g}")})
     return sorted(rows, key=lambda r: r["rmse_over_scale"], reverse=True)
-
-
-def _float_ops(flatbuffer: bytes) -> dict[str, int]:
-    """Op types of an int8 model that compute in float (their first output is float32)."""
-    from ai_edge_litert.tools import flatbuffer_utils
-
-    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(flatbuffer))
-    found: Counter[str] = Counter()
-    float32 = 0  # TensorType.FLOAT32
-    for subgraph in model.subgraphs:
-        for op in subgraph.operators:
-            name = flatbuffer_utils.opcode_to_name(model, op.opcodeIndex) or "CUSTOM"
-            if name in ("QUANTIZE", "DEQUANTIZE") or op.outputs is None or not len(op.outputs):
-                continue
-            if subgraph.tensors[op.outputs[0]].type == float32:
-                found[name] += 1
-    return dict(found)
 
 
 def data_for(params: Params) -> dict[str, str]:

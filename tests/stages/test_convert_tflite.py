@@ -359,3 +359,17 @@ def test_an_op_without_flex_kernel_is_not_sent_to_select_tf_ops(tf_artifact: Any
         apply("convert_tflite", artifact, mode="fp32", select_tf_ops=True)
     assert "Digamma" in str(caught.value)
     assert "set select_tf_ops: true" not in str(caught.value)
+
+
+@pytest.mark.parametrize(("mode", "verdict"), [("fp32", "float"), ("float16", "float"),
+                                               ("dynamic_range", "dynamic"), ("int8", "int8")])
+def test_each_mode_says_what_its_file_computes_in(convert, mode: str, verdict: str) -> None:
+    """What decides whether a DSP or an NPU can run the file: read from its operators."""
+    from orchestrator.model.litert_precision import computes_in
+
+    result = convert(mode=mode)
+    assert result.info["computes_in"] == verdict == computes_in(result.artifact.payload)
+    computing = [(op, outs) for op, _, outs in op_tensors(result.artifact.payload)
+                 if op not in ("QUANTIZE", "DEQUANTIZE")]
+    float_out = [op for op, outs in computing if outs[0] == np.float32]
+    assert (not float_out) == (verdict == "int8"), float_out
