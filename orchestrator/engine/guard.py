@@ -685,8 +685,9 @@ def _guard_litert(search: _Search, baseline: Trial, converted: NodeOutcome, tune
     search.prefix = shared_scope([layer.name for layer in search.layers])
     search.reserved = 1
     if converted.node.stage == AEQ_STAGE:  # the quantizer's rows name each layer's inputs
-        from orchestrator.engine.integer_search import search_integer
+        from orchestrator.engine.integer_search import grouped_layers, search_integer
 
+        search.layers = grouped_layers(rows)
         search.inputs_of = {r["node"]: list(r.get("inputs") or []) for r in rows}
         search.keeps_integer = True
         search_integer(search, baseline, rank_layers(rows, search.layers, set(),

@@ -20,12 +20,44 @@ the smallest) is chosen.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from orchestrator.engine.guard import FLOAT, INT16, Settings
+from orchestrator.engine.guard import FLOAT, INT16, LITERT_WEIGHT_OPS, Layer, Settings
 
 if TYPE_CHECKING:
-    from orchestrator.engine.guard import Layer, Trial, _Search
+    from orchestrator.engine.guard import Trial, _Search
+
+# Ops that only move or select values: their output's precision is what the next layer
+# reads, so they go with that layer (a Conv1D's EXPAND_DIMS, as a RESHAPE, with its
+# CONV_2D: an int16 CONV_2D behind an int8 RESHAPE reads values already rounded to 8 bits).
+PASS_THROUGH = frozenset({"RESHAPE", "MAX_POOL_2D", "TRANSPOSE", "PAD", "SQUEEZE",
+                          "EXPAND_DIMS", "STRIDED_SLICE", "SLICE"})
+
+
+def grouped_layers(rows: list[dict[str, Any]]) -> list[Layer]:
+    """The quantizer's rows as the guard's layers: each op with the pass-through ops that
+    feed it alone (walking back), in the rows' order; a pass-through op nothing claims is
+    a layer of its own."""
+    by_name = {r["node"]: r for r in rows}
+    consumers: dict[str, int] = {}
+    for row in rows:
+        for name in row.get("inputs") or []:
+            consumers[name] = consumers.get(name, 0) + 1
+    claimed: set[str] = set()
+    groups: dict[str, list[str]] = {}
+    for row in rows:
+        if row.get("op") in PASS_THROUGH:
+            continue
+        chain, inputs = [], list(row.get("inputs") or [])
+        while len(inputs) == 1 and inputs[0] in by_name and consumers.get(inputs[0]) == 1 \
+                and by_name[inputs[0]].get("op") in PASS_THROUGH:
+            chain.append(inputs[0])
+            inputs = list(by_name[inputs[0]].get("inputs") or [])
+        groups[row["node"]] = [row["node"], *chain]
+        claimed.update(chain)
+    return [Layer(r["node"], tuple(groups.get(r["node"], [r["node"]])),
+                  r.get("op") in LITERT_WEIGHT_OPS)
+            for r in rows if r["node"] in groups or r["node"] not in claimed]
 
 
 def bisect_layers(search: _Search, ranked: list[Layer], base: Settings, action: str,
