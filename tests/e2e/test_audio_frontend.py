@@ -50,6 +50,10 @@ pipelines:
   plain8:
     from: fp32
     stages: [quantize_weights, quantize_nodes, log_ranges, freeze_ranges, evaluate]
+  litert:
+    from: fp32
+    stages: [{{convert_tflite: {{mode: fp32}}}}, {{quantize_tflite: {{guard: true}}}},
+             evaluate]
 """
 
 
@@ -141,7 +145,8 @@ def test_the_guard_reaches_every_head_by_weights_only(audio_run: dict) -> None:
              and any("filterbank" in node for node in d["layers"])]
     assert front and front[0]["outcome"] in ("kept: closer to float", "meets budgets"), front
     assert any("filterbank" in node for node in chosen["settings"]["weights_only"])
-    assert report["selected"]["phone"] == "int8" and audio_run["code"] == 0
+    # the LiteRT file may be chosen instead: both meet the budget (the next test)
+    assert report["selected"]["phone"] in ("int8", "litert") and audio_run["code"] == 0
 
 
 def test_the_guard_keeps_the_size_gain_of_8_bit_weights(audio_run: dict) -> None:
@@ -169,3 +174,32 @@ def test_the_guard_keeps_the_size_gain_of_8_bit_weights(audio_run: dict) -> None
     assert len(weights) >= 7  # filterbank, two convs, dense and the three heads: all found
     assert shipped_8bit >= eight_bit_values
     assert int8["size_bytes"] <= bound
+
+
+def test_the_litert_quantizers_guard_keeps_integer_compute(audio_run: dict) -> None:
+    """The LiteRT path (convert to float, then the LiteRT Quantizer): full int8 misses the
+    heads as the converter's int8 does; the guard moves layers to int16 activations, the
+    front end among them, and ships a file that computes in integer only, every head at 20
+    dB or more."""
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    litert = audio_run["report"]["variants"]["litert"]
+    baseline, chosen = litert["trials"][0], next(t for t in litert["trials"] if t["chosen"])
+    print("LiteRT Quantizer trials:", [(t["trial"], t["quality"], t.get("computes_in"))
+                                       for t in litert["trials"]])
+    assert baseline["computes_in"] == "int8" and not baseline["meets_budgets"]
+    assert chosen["meets_budgets"] and chosen["trial"] > 0
+    assert litert["computes_in"] == chosen["computes_in"] == "int8+int16"
+    assert chosen["settings"]["int16_activations"] and not chosen["settings"]["float"]
+    assert any("filterbank" in node for node in chosen["settings"]["int16_activations"])
+    assert min(_sqnr(litert).values()) >= MIN_SQNR_DB
+    # the layers it moved are the ones the quantizer measured (its per-tensor errors)
+    assert set(chosen["settings"]["int16_activations"]) <= {
+        row["node"] for row in litert["layer_errors"]}
+    data = (audio_run["out"] / "litert" / "model.tflite").read_bytes()
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(data))
+    [subgraph] = model.subgraphs
+    kinds = {subgraph.tensors[op.outputs[0]].type for op in subgraph.operators
+             if flatbuffer_utils.opcode_to_name(model, op.opcodeIndex)
+             not in ("QUANTIZE", "DEQUANTIZE")}
+    assert kinds == {9, 7}  # int8 and int16 tensors only: no op computes in float
