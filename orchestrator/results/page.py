@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from orchestrator.model.litert_precision import DESCRIPTIONS
+
 PAGE = "report.html"
 PICTURES = (("Size against quality per target (estimated device latency as colour)",
              "tradeoff.png"),
@@ -150,6 +152,7 @@ def render(report: Mapping[str, Any], images: Mapping[str, bytes],
         images={name: base64.b64encode(png).decode() for name, png in images.items()},
         fmt=format_number, ms=format_ms, count=format_count, layer_names=layer_names,
         size=lambda b: format_size(b, unit=False), mib=lambda m: format_mib(m, unit=False),
+        computes_in_text=DESCRIPTIONS,
         describe_settings=lambda settings, name: _describe_settings(
             settings, _scope(variants[name])))
     return html.encode()
