@@ -41,6 +41,7 @@ CASES: dict[str, tuple[list[str], str]] = {
     "onet.py": (["--work", "{tmp}"], "| int8 |"),
     "make_mobilenet.py": (["{tmp}"], "model.keras"),
     "litert_side_by_side.py": (["--work", "{tmp}"], "litert_int8"),
+    "litert_quantizer.py": (["--work", "{tmp}"], "| aeq_guard |"),
     "benchmark_overhead.py": ([], "overhead: stage / bare at most"),
     "executors.py": ([], "per-task overhead"),
 }
@@ -54,7 +55,8 @@ RUN_BY_TESTS = {"mini_xception.py": "tests/e2e/test_mini_xception.py (its accept
 # 2-core machine; a script not listed counts as the longest)
 JOBS = 2
 SECONDS = {"cached_rerun.py": 60, "executors.py": 35, "equalize.py": 31, "onet.py": 29,
-           "litert_side_by_side.py": 25, "log_ranges.py": 20, "benchmark_overhead.py": 15,
+           "litert_side_by_side.py": 25, "litert_quantizer.py": 20, "log_ranges.py": 20,
+           "benchmark_overhead.py": 15,
            "int8_size.py": 13, "make_mobilenet.py": 13}
 ORDER = sorted(set(CASES) - set(SECONDS)) + sorted(SECONDS, key=lambda script: -SECONDS[script])
 
