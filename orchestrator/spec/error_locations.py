@@ -252,7 +252,8 @@ def _located(err: Any, loc: Loc, alternatives: list[Any], path: Path,
         allowed = re.findall(r"'([^']*)'", str((err.get("ctx") or {}).get("expected", "")))
         close = difflib.get_close_matches(str(err.get("input")), allowed, n=1)
         hint = f' (did you mean "{close[0]}"?)' if close else ""
-        message = f"{err['msg']}; found {_shown(err.get('input'))}{hint}"
+        shown = _shown(err.get("input"))
+        message = f"found {shown}{hint}; expected one of: {', '.join(allowed)}"
     elif kind == "value_error":  # our own validators' messages say what was found
         message = str(err["msg"]).removeprefix("Value error, ")
     else:

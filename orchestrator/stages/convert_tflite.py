@@ -33,7 +33,7 @@ import numpy as np
 from pydantic import Field, NonNegativeInt, PositiveInt
 
 from orchestrator.errors import DataError, ModelSourceError
-from orchestrator.model import litert_precision
+from orchestrator.model import litert_precision, tflite_bytes
 from orchestrator.model.artifact import ModelArtifact
 from orchestrator.model.native_output import native_output_held
 from orchestrator.stages import register
@@ -156,6 +156,7 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
                     "tflite_ops": float(sum(facts.op_counts.values())),
                     "float_ops": float(sum(float_ops.values()))})
     info["computes_in"] = computes_in  # int8, int8+float, dynamic or float
+    info["bytes_by_kind"] = tflite_bytes.bytes_by_kind(flatbuffer)
     info["tflite"] = {"mode": params.mode, "io": params.io, "ops": facts.op_counts,
                       "float_ops": float_ops, "float_nodes": list(params.float_nodes),
                       "float_op_types": list(params.float_ops)}

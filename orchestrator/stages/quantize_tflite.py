@@ -60,6 +60,11 @@ class Params(StageParams):
     diagnostic_samples: NonNegativeInt = Field(
         50, description="Representative samples on which the quantizer compares every "
         "tensor with the float model's (layer_errors); 0: none.")
+    shrink: bool = Field(
+        True, description="Drop what the app does not use: the names of intermediate "
+        "tensors and the conversion metadata (the signature and the input and output "
+        "names stay). Per-channel zero points stay: LiteRT refuses a file without one "
+        "per scale.")
     guard: bool = Field(
         False, description="When a target's quality budget breaks, move the layers that "
         "add the most error to int16 activations (a16w8), and to float only where no "
@@ -78,6 +83,7 @@ class Params(StageParams):
 
 
 def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
+    from orchestrator.model import tflite_bytes
     from orchestrator.model.litert_model import describe
     from orchestrator.model.litert_precision import DESCRIPTIONS, computes_in, float_ops
     from orchestrator.quant import litert_quantizer as aeq
@@ -101,9 +107,15 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
     except ValueError as exc:
         raise ModelSourceError(f"the LiteRT Quantizer could not quantize this model with "
                                f"{params.scheme}: {exc}") from exc
+    named, shrunk = quantized, {}  # the quantizer's comparison goes by the tensors' names
+    if params.shrink:
+        quantized, shrunk = tflite_bytes.shrink(quantized)
     verdict = computes_in(quantized)
     float_left = float_ops(quantized) if verdict == "int8+float" else {}
-    info: dict[str, Any] = {"computes_in": verdict}
+    info: dict[str, Any] = {"computes_in": verdict,
+                            "bytes_by_kind": tflite_bytes.bytes_by_kind(quantized)}
+    if shrunk:
+        info["shrink"] = {k: v for k, v in shrunk.items() if v}
     if rewritten:  # ops the quantizer has no rule for, as equivalents it has
         info["rewritten_ops"] = rewritten
     metrics: dict[str, float] = {"size_ratio": len(quantized) / len(float_model)}
@@ -111,7 +123,7 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
     if params.diagnostic_samples and ctx.representative is not None:
         data = aeq.signature_batches(float_model, _batches(
             ctx, params.diagnostic_samples, params.calibration_batch))
-        rows = aeq.tensor_errors(made, data, quantized, aeq.float_layers(float_model),
+        rows = aeq.tensor_errors(made, data, named, aeq.float_layers(float_model),
                                  ctx.log)
         info["layer_errors"] = rows
         metrics.update(_error_metrics(rows))

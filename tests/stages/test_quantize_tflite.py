@@ -66,7 +66,8 @@ def op_types(flatbuffer: bytes) -> list[tuple[str, int, str]]:
     subgraph = model.subgraphs[0]
     return [(flatbuffer_utils.opcode_to_name(model, op.opcodeIndex),
              subgraph.tensors[op.outputs[0]].type,
-             subgraph.tensors[op.outputs[0]].name.decode()) for op in subgraph.operators]
+             (subgraph.tensors[op.outputs[0]].name or b"").decode())
+            for op in subgraph.operators]
 
 
 def constant_bytes(flatbuffer: bytes) -> int:
@@ -116,7 +117,8 @@ def test_a_layer_moved_to_int16_activations_has_less_error(quantize, digits,
     plain = quantize(scheme="static_wi8_ai8")
     worst = plain.info["layer_errors"][0]
     pattern = "^" + worst["node"].split(";")[0].replace("/", "/")
-    wide = quantize(scheme="static_wi8_ai8", layers={pattern: "static_wi8_ai16"})
+    wide = quantize(scheme="static_wi8_ai8", layers={pattern: "static_wi8_ai16"},
+                    shrink=False)  # names kept: the test finds the layer's tensor by it
     types = {name: kind for _, kind, name in op_types(wide.artifact.payload)}
     assert types[worst["node"]] == INT16
     assert wide.info["computes_in"] == "int8+int16"
@@ -220,3 +222,28 @@ def test_per_tensor_dynamic_keeps_depthwise_filters_per_channel(float_tflite, di
     got = outputs(result.artifact.payload, digits["x_test"][:200])
     assert np.isfinite(got).all()
     assert agreement(got, reference) >= 0.97
+
+
+def test_the_shipped_file_is_shrunk_and_computes_the_same(quantize, digits) -> None:
+    """Intermediate tensor names and conversion metadata dropped (bytes_by_kind says where
+    the bytes went); the signature, its input and output names, and every number kept."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    full = quantize(scheme="static_wi8_ai8", shrink=False)
+    small = quantize(scheme="static_wi8_ai8")
+    before, after = full.info["bytes_by_kind"], small.info["bytes_by_kind"]
+    assert sum(after.values()) == len(small.artifact.payload)
+    assert sum(before.values()) == len(full.artifact.payload)
+    assert after["names"] < before["names"] and after["weights"] == before["weights"]
+    assert after["quantization"] == before["quantization"]
+    assert small.info["shrink"]["bytes_saved"] == len(full.artifact.payload) - len(
+        small.artifact.payload) > 0
+    x = digits["x_test"][:100]
+    np.testing.assert_array_equal(outputs(small.artifact.payload, x),
+                                  outputs(full.artifact.payload, x))
+    signatures = Interpreter(model_content=small.artifact.payload).get_signature_list()
+    assert signatures == Interpreter(model_content=full.artifact.payload).get_signature_list()
+    names = [d["name"] for d in Interpreter(model_content=small.artifact.payload
+                                            ).get_tensor_details()]
+    assert sum(1 for n in names if n) <= 4  # input, output and their signature names
+    assert small.info["layer_errors"] == full.info["layer_errors"]  # measured before
