@@ -22,7 +22,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.engine.guard import FLOAT, INT16, LITERT_WEIGHT_OPS, Layer, Settings
+from orchestrator.engine.guard import (
+    ACTION_WORDS,
+    FLOAT,
+    INT16,
+    LITERT_WEIGHT_OPS,
+    Layer,
+    Settings,
+)
 
 if TYPE_CHECKING:
     from orchestrator.engine.guard import Trial, _Search
@@ -71,7 +78,7 @@ def bisect_layers(search: _Search, ranked: list[Layer], base: Settings, action: 
         settings = base.with_nodes([n for layer in ranked[:middle] for n in layer.nodes],
                                    action)
         trial = search.attempt(settings, f"the {middle} layer(s) adding the most error -> "
-                               f"{_words(action)}")
+                               f"{ACTION_WORDS[action]}")
         if trial is None:
             break
         search.decide([layer.name for layer in ranked[:middle]], action, start, trial,
@@ -109,7 +116,3 @@ def fewest_out_of_int8(trials: list[Trial], size: Callable[[Trial], int]) -> Tri
     return min(met, key=lambda t: (len(t.settings.int16_layers)
                                    + 2 * len(t.settings.float_layers)
                                    + (1000 if not t.settings.eight_bit_ops else 0), size(t)))
-
-
-def _words(action: str) -> str:
-    return "int16 activations (a16w8)" if action == INT16 else "float"
