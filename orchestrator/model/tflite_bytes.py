@@ -38,7 +38,9 @@ What `shrink` does, and what it leaves, on ai-edge-litert 2.3.0's evidence:
 TF 2.21 converter's output gives back the very same bytes (tested), so the bytes saved
 are the edits' alone. That builder
 cannot write more than 2 GB: a file whose buffers lie after the flatbuffer (the layout
-of files over 2 GB) is refused, not rewritten; `bytes_by_kind` counts its buffers' data.
+of files over 2 GB, which the LiteRT Quantizer also writes for smaller ones) is rewritten
+with them inside when it is smaller than that, and refused otherwise; `bytes_by_kind`
+counts such buffers' data too.
 """
 
 from __future__ import annotations
@@ -135,6 +137,11 @@ def _tally(spans: dict[tuple[int, int], str], size: int) -> dict[str, int]:
     return counts
 
 
+# Below this, a file whose buffers lie after its flatbuffer can be rewritten with them
+# inside it (a flatbuffer addresses 2 GB).
+MAX_INLINE = (1 << 31) - (1 << 24)
+
+
 def shrink(flatbuffer: bytes, drop_metadata: tuple[str, ...] = DROPPABLE_METADATA
            ) -> tuple[bytes, dict[str, Any]]:
     """`flatbuffer` without the names of its intermediate and constant tensors, the metadata
@@ -147,12 +154,17 @@ def shrink(flatbuffer: bytes, drop_metadata: tuple[str, ...] = DROPPABLE_METADAT
     data = bytes(flatbuffer)
     _check_identifier(data)
     model = flatbuffer_utils.convert_bytearray_to_object(bytearray(data))
-    if any(buffer.offset > 1 for buffer in model.buffers or []) or any(
+    outside = [buffer for buffer in model.buffers or [] if buffer.offset > 1]
+    if len(data) >= MAX_INLINE or any(
             op.largeCustomOptionsOffset > 1 for subgraph in model.subgraphs or []
             for op in subgraph.operators or []):
         raise ModelSourceError(
-            "this .tflite keeps data after its flatbuffer (buffer offsets, the layout of "
-            "files over 2 GB): shrink re-serialises the flatbuffer, which cannot hold it")
+            "this .tflite is too large to rewrite in one flatbuffer (2 GB and more, or "
+            "custom options after it): shrink re-serialises the flatbuffer")
+    for buffer in outside:  # data after the flatbuffer (the LiteRT Quantizer writes so)
+        buffer.data = np.frombuffer(data[buffer.offset:buffer.offset + buffer.size],
+                                    dtype=np.uint8)
+        buffer.offset = buffer.size = 0
     names = _drop_names(model)
     dropped = _drop_metadata(model, set(drop_metadata))
     merged = _merge_empty_buffers(model)
