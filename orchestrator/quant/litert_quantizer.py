@@ -42,7 +42,7 @@ SCHEME_DOCS = {
     "float": "not quantized",
 }
 STATIC = ("static_wi8_ai8", "static_wi8_ai16")
-FLOAT32 = 0  # schema TensorType
+FLOAT32, INT16 = 0, 7  # schema TensorType
 
 
 @dataclass(frozen=True)
@@ -235,8 +235,9 @@ def tensor_errors(made: Any, data: Mapping[str, list[dict[str, np.ndarray]]],
     """Rows as freeze_ranges' layer_errors, worst first: each layer's output, float model
     against quantized, from the quantizer's own comparison on `data`. `nmse` is the
     error's power over the float tensor's (what has piled up by then: the guard ranks by
-    what a layer adds to its inputs'); `rmse_over_scale` is in quantization steps of the
-    tensor (0 for a tensor left in float); `inputs` name the tensors it reads."""
+    what a layer adds to its inputs'); `rmse_over_scale` is that added share in 8-bit
+    quantization steps of the tensor's range (0 for a tensor left in float); `inputs`
+    name the tensors it reads."""
     from ai_edge_quantizer.utils.validation_utils import ValidationErrorMetric
 
     with _quiet(log):
@@ -273,7 +274,9 @@ def tensor_errors(made: Any, data: Mapping[str, list[dict[str, np.ndarray]]],
 
 
 def _output_scales(quantized: bytes) -> dict[str, float]:
-    """Tensor name -> its (first) quantization scale, for the quantized tensors."""
+    """Tensor name -> the step of an 8-bit quantization of its range: its own scale, or for
+    an int16 tensor 256 of its steps (so that an error reads in the same units whatever
+    the width: rounding alone is 0.29 of an int8 step, 0.29/256 at int16)."""
     from ai_edge_litert.tools import flatbuffer_utils
 
     model = flatbuffer_utils.convert_bytearray_to_object(bytearray(quantized))
@@ -283,6 +286,7 @@ def _output_scales(quantized: bytes) -> dict[str, float]:
         if quantization is not None and quantization.scale is not None \
                 and len(quantization.scale):
             raw = tensor.name
+            wide = 256.0 if tensor.type == INT16 else 1.0
             scales[raw.decode() if isinstance(raw, bytes) else str(raw)] = \
-                float(quantization.scale[0])
+                float(quantization.scale[0]) * wide
     return scales
