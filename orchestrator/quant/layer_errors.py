@@ -349,13 +349,13 @@ def summary_metrics(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
     return metrics
 
 
-def table_tsv(rows: Sequence[dict[str, Any]]) -> str:
+def table_tsv(rows: Sequence[dict[str, Any]], fields: Sequence[str] = FIELDS) -> str:
     """The rows as TSV, worst first, header row first; unknown values left empty."""
     def cell(value: Any) -> str:
         if value is None:
             return ""
         return f"{value:.6g}" if isinstance(value, float) else str(value)
 
-    lines = ["\t".join(FIELDS)]
-    lines += ["\t".join(cell(row[f]) for f in FIELDS) for row in worst_first(rows)]
+    lines = ["\t".join(fields)]
+    lines += ["\t".join(cell(row.get(f)) for f in fields) for row in worst_first(rows)]
     return "\n".join(lines) + "\n"

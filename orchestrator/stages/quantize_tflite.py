@@ -36,6 +36,7 @@ from orchestrator.stages.base import Stage, StageContext, StageParams, StageResu
 LAYER_ERROR_LIMIT = 0.7
 
 
+TSV_FIELDS = ("node", "op", "rmse_over_scale", "nmse", "added_nmse", "sqnr_db", "scale")
 # What the file computes in, as convert_tflite's modes name it for the runtime's cost
 # (benchmark's device estimate takes "int8" as int8 kernels' speed). Int16 activations run
 # on LiteRT's reference kernels on a CPU, slower than float (15.7 ms against 0.79 for int8
@@ -162,7 +163,12 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
                                              "computes_in": verdict}}
     artifact = ModelArtifact(graph_def=None, kind="tflite", payload=quantized,
                              inputs=given.inputs, outputs=given.outputs, metadata=metadata)
-    return StageResult(artifact=artifact, metrics=metrics, info=info)
+    result = StageResult(artifact=artifact, metrics=metrics, info=info)
+    if info.get("layer_errors"):  # beside the model, and in MLflow with the run
+        from orchestrator.quant.layer_errors import table_tsv
+
+        result.files["layer_errors.tsv"] = table_tsv(info["layer_errors"], TSV_FIELDS).encode()
+    return result
 
 
 def _batches(ctx: StageContext, samples: int, batch: int) -> Any:

@@ -110,6 +110,9 @@ def test_the_quantizers_per_layer_errors_are_the_layer_errors(quantize) -> None:
         assert all(name in names or name.startswith("image") for name in row["inputs"]), row
     worst = [r["added_nmse"] for r in rows]
     assert worst == sorted(worst, reverse=True)
+    table = quantize(scheme="static_wi8_ai8").files["layer_errors.tsv"].decode().splitlines()
+    assert table[0].split("\t")[:5] == ["node", "op", "rmse_over_scale", "nmse", "added_nmse"]
+    assert len(table) == len(rows) + 1
 
 
 def test_a_layer_moved_to_int16_activations_has_less_error(quantize, digits,
