@@ -106,7 +106,7 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
     float_model = aeq.with_signature(float_model, given.input_names,
                                      [name.split(":")[0] for name in given.outputs])
     float_model, rewritten = rewrite_for_quantizer(float_model)
-    static = params.scheme in STATIC or any(s in STATIC for s in params.layers.values())
+    static = _calibrates(params)
     try:
         made = aeq.quantizer_for(float_model, params.scheme, params.layers,
                                  params.per_channel, float_io=params.io == "float")
@@ -132,22 +132,10 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
     if params.diagnostic_samples and ctx.representative is not None:
         data = aeq.signature_batches(float_model, _batches(
             ctx, params.diagnostic_samples, params.calibration_batch))
-        rows = aeq.tensor_errors(made, data, named, aeq.float_layers(float_model),
-                                 ctx.log)
-        info["layer_errors"] = rows
-        metrics.update(_error_metrics(rows))
-        flagged = [r for r in rows if r["rmse_over_scale"] > LAYER_ERROR_LIMIT]
-        if flagged:
-            from orchestrator.formatting import layer_names
-
-            short = layer_names([r["node"] for r in rows])
-            listed = ", ".join(f"{short[r['node']]} {r['rmse_over_scale']:.2f}"
-                               for r in flagged[:3])
-            diagnostics.append(f"{len(flagged)} layer(s) add above {LAYER_ERROR_LIMIT} "
-                               f"quantization steps of error (rounding alone: 0.29): "
-                               f"{listed}. Where a quality budget "
-                               "breaks, the guard (quantize_tflite: {guard: true}) moves "
-                               "such layers to int16 activations, then float")
+        info["layer_errors"] = aeq.tensor_errors(made, data, named,
+                                                 aeq.float_layers(float_model), ctx.log)
+        metrics.update(_error_metrics(info["layer_errors"]))
+        diagnostics += _flagged(info["layer_errors"])
     if float_left:
         listed = ", ".join(f"{op} x{n}" for op, n in sorted(float_left.items()))
         diagnostics.append(f"computes in float in the quantized model: {listed}")
@@ -179,6 +167,26 @@ def _batches(ctx: StageContext, samples: int, batch: int) -> Any:
     return ctx.representative(samples, batch)
 
 
+def _flagged(rows: list[dict[str, Any]]) -> list[str]:
+    """The diagnostic line for layers that add more than LAYER_ERROR_LIMIT steps."""
+    flagged = [r for r in rows if r["rmse_over_scale"] > LAYER_ERROR_LIMIT]
+    if not flagged:
+        return []
+    from orchestrator.formatting import layer_names
+
+    short = layer_names([r["node"] for r in rows])
+    listed = ", ".join(f"{short[r['node']]} {r['rmse_over_scale']:.2f}" for r in flagged[:3])
+    return [f"{len(flagged)} layer(s) add above {LAYER_ERROR_LIMIT} quantization steps of "
+            f"error (rounding alone: 0.29): {listed}. Where a quality budget breaks, the "
+            "guard (quantize_tflite: {guard: true}) moves such layers to int16 activations, "
+            "then float"]
+
+
+def _calibrates(params: Params) -> bool:
+    """Whether a static scheme is in use (for the model or a layer): ranges from data."""
+    return params.scheme in STATIC or any(s in STATIC for s in params.layers.values())
+
+
 def _error_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
     metrics = {"layers_flagged": float(sum(r["rmse_over_scale"] > LAYER_ERROR_LIMIT
                                            for r in rows))}
@@ -192,9 +200,8 @@ def _error_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 def data_for(params: Params) -> dict[str, str]:
     """The static schemes calibrate on the representative data; the others need none."""
-    static = params.scheme in STATIC or any(s in STATIC for s in params.layers.values())
     return {"representative": f"scheme {params.scheme} calibrates its activation ranges "
-            "on it"} if static else {}
+            "on it"} if _calibrates(params) else {}
 
 
 STAGE = register(Stage(name="quantize_tflite", run=run, params=Params, doc=__doc__ or "",
