@@ -32,8 +32,6 @@ top-1 agreement with this host per class output, else its largest abs difference
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -42,7 +40,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from mini_xception import ROOT, default_cli, quiet_env, run_recipe  # noqa: E402
+from mini_xception import ROOT, quiet_env, run_models  # noqa: E402
 
 DEFAULT_WORK = ROOT / ".orchestrator" / "bench" / "litert_quantizer"
 DIGITS = ROOT / "examples" / "digits"
@@ -210,27 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     bench = "{threads: 1, runs: 20}" if args.quick else "{threads: 1, runs: 100}"
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
-    missed: list[str] = []
-    results = {}
-    for name in models:
-        recipe = work / f"{name}.yaml"
-        recipe.write_text(recipe_text(name, bench, work, args.board))
-        out = work / f"out_{name}"
-        shutil.rmtree(out, ignore_errors=True)
-        code, report, console, seconds = run_recipe(default_cli(), recipe, out, work)
-        if report is None:
-            print(console)
-            print(f"{name}: the run failed (exit {code})")
-            return 1
-        rows = figures(report)
-        results[name] = rows
-        print(table(name, rows))
-        print(f"\n({seconds:.0f} s: orchestrator run {recipe} -o {out})\n")
-        missed += goals(name, rows)
-    (work / "litert_quantizer.json").write_text(json.dumps(results, indent=2))
-    for line in missed:
-        print(f"MISSED {line}")
-    return 1 if missed else 0
+    return run_models(models, work, lambda name: recipe_text(name, bench, work, args.board),
+                      figures, table, goals, "litert_quantizer.json")
 
 
 if __name__ == "__main__":

@@ -29,8 +29,6 @@ of fp32 at >= 0.99 agreement. Exit 1 when a goal is missed.
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,7 +36,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from mini_xception import ROOT, build_model, default_cli, run_recipe  # noqa: E402
+from mini_xception import ROOT, build_model, run_models  # noqa: E402
 
 DEFAULT_WORK = ROOT / ".orchestrator" / "bench" / "litert"
 DIGITS = ROOT / "examples" / "digits"
@@ -181,29 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     bench = "{threads: 1, runs: 20}" if args.quick else "{threads: 1, runs: 200}"
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
-    missed: list[str] = []
-    results = {}
-    for name in models:
+
+    def write_recipe(name: str) -> str:
         model, data = model_files(name, work)
-        recipe = work / f"{name}.yaml"
-        recipe.write_text(MODELS[name].format(model=model, data=data) +
-                          PIPELINES.format(bench=bench))
-        out = work / f"out_{name}"
-        shutil.rmtree(out, ignore_errors=True)
-        code, report, console, seconds = run_recipe(default_cli(), recipe, out, work)
-        if report is None:
-            print(console)
-            print(f"{name}: the run failed (exit {code})")
-            return 1
-        rows = figures(report)
-        results[name] = rows
-        print(table(name, rows))
-        print(f"\n({seconds:.0f} s: orchestrator run {recipe} -o {out})\n")
-        missed += goals(name, rows)
-    (work / "side_by_side.json").write_text(json.dumps(results, indent=2))
-    for line in missed:
-        print(f"MISSED {line}")
-    return 1 if missed else 0
+        return MODELS[name].format(model=model, data=data) + PIPELINES.format(bench=bench)
+
+    return run_models(models, work, write_recipe, figures, table, goals, "side_by_side.json")
 
 
 if __name__ == "__main__":

@@ -124,6 +124,36 @@ def run_recipe(cli: list[str], recipe: Path, out: Path, work: Path
     return done.returncode, report, "\n".join(console[-40:]), seconds
 
 
+def run_models(models: list[str], work: Path, write_recipe: Any, figures: Any, table: Any,
+               goals: Any, results_file: str) -> int:
+    """For each model: its recipe (write_recipe(name) -> text) run with the real CLI under
+    `work`, its rows (figures(report)) printed as a table, the goals it missed; the rows of
+    all in `work/results_file`. Exit 1 when a run failed or a goal was missed."""
+    import shutil
+
+    missed: list[str] = []
+    results = {}
+    for name in models:
+        recipe = work / f"{name}.yaml"
+        recipe.write_text(write_recipe(name))
+        out = work / f"out_{name}"
+        shutil.rmtree(out, ignore_errors=True)
+        code, report, console, seconds = run_recipe(default_cli(), recipe, out, work)
+        if report is None:
+            print(console)
+            print(f"{name}: the run failed (exit {code})")
+            return 1
+        rows = figures(report)
+        results[name] = rows
+        print(table(name, rows))
+        print(f"\n({seconds:.0f} s: orchestrator run {recipe} -o {out})\n")
+        missed += goals(name, rows)
+    (work / results_file).write_text(json.dumps(results, indent=2))
+    for line in missed:
+        print(f"MISSED {line}")
+    return 1 if missed else 0
+
+
 def find_key(tree: Any, key: str) -> Any:
     """The first value under `key` anywhere in a JSON tree (depth first), or None."""
     if isinstance(tree, dict):
