@@ -88,7 +88,7 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
     """Run the recipe at `recipe` (with `--set` style `overrides`) and return its report.
 
     Raises OrchestratorError subclasses: exit 2 for bad input (before anything is written),
-    3 for a failing stage (outputs of the failed run removed). `output` defaults to
+    3 for a failing stage (the output folder left as it was). `output` defaults to
     out/<recipe name> under the recipe's project root; it is this recipe's folder, whose
     contents the run replaces whole (another recipe's only with `force`: output_folder)."""
     from orchestrator.engine.scheduler import run_plan
@@ -101,10 +101,12 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
         done = run_plan(session.plan, session.data, run.worker(stage_task), run.notify)
         report = build_report(session.plan, session.data, done.outcomes, session.devices,
                               run.shown_variants, run.tracker.run_id, done.guarded)
-        with output_folder.replacing(run.out_dir, run.owner) as built:  # whole, or not at all
+        # whole, or not at all: recorded from the hidden folder, then swapped in, so that a
+        # run that fails or is interrupted (or killed) leaves the folder as it was
+        with output_folder.replacing(run.out_dir, run.owner) as built:
             write_outputs(built, run.out_dir, session.plan, session.data, done.outcomes,
                           report, picture_cache=run.picture_cache)
-        registry = run.record(report)
+            registry = run.record(report, built)
     return run.summary(report, registry)
 
 

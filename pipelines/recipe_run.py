@@ -31,7 +31,7 @@ log = logging.getLogger("orchestrator")
 
 # Observers of the runs in this thread (the CLI's progress display): methods
 # on_node_start(node), on_node_end(outcome), on_node_error(node, error),
-# on_guard_trial(pipeline, trial), all optional.
+# on_guard_trial(pipeline, trial), on_guard_end(pipeline, guard result), all optional.
 _observers: ContextVar[tuple[Any, ...]] = ContextVar("orchestrator_observers", default=())
 # Set by `recipe_flow.run()`, which has already chosen the flow's task runner (the command
 # line over the recipe's block); unset when Prefect starts the flow (a deployment, `serve`).
@@ -107,7 +107,8 @@ class RecipeRun:
     def session(self, no_cache: bool, retrain: Any) -> Iterator[Session]:
         """The run's session (the model and data checked: exit 2 before anything runs),
         with the tracking worker, the Prefect logs and the task runner around it. A run
-        that fails after tracking started leaves no outputs and a failed MLflow run."""
+        that fails after tracking started leaves a failed (or interrupted) MLflow run, and
+        the output folder as it was."""
         from orchestrator.tracking.client import TrackingClient
 
         # first: the tracking worker imports MLflow on the other core while the model loads
@@ -149,6 +150,9 @@ class RecipeRun:
         from prefect.runtime import flow_run
 
         self.started = True  # from here a failure is recorded as a failed run
+        # what a run of this folder killed mid-way left (its staging folders), once the run
+        # is checked; a run still writing there keeps its own
+        output_folder.remove_leftovers(self.out_dir)
         self.tracker.start(session.plan, _versions(), links=_prefect_links(),
                            run_name=flow_run.name, overrides=self.overrides)
         self.tracker.check()
@@ -180,10 +184,11 @@ class RecipeRun:
             if fn is not None:
                 fn(*args)
 
-    def record(self, report: dict[str, Any]) -> Any:
-        """The run in MLflow (and the Model Registry's candidate, when asked); the
-        registry's answer."""
-        return self.tracker.finish(report, self.out_dir, self.loaded.path,
+    def record(self, report: dict[str, Any], built: Path) -> Any:
+        """The run in MLflow (and the Model Registry's candidate, when asked), its files
+        read from `built`, the folder about to replace the output folder; the registry's
+        answer."""
+        return self.tracker.finish(report, built, self.loaded.path,
                                    register=self.loaded.recipe.register_candidate)
 
     def summary(self, report: dict[str, Any], registry: Any) -> dict[str, Any]:
@@ -195,16 +200,33 @@ class RecipeRun:
             "project_root": str(self.root)}}
 
     def _failed(self, exc: BaseException) -> None:
+        """The MLflow run closed as failed, or as interrupted (KILLED). The output folder
+        is left as it was (output_folder.replacing): the previous run's outputs stay, and
+        the command says so."""
         from orchestrator.tracking.client import TrackingError
 
-        # first: a report from an earlier run must not pass for this failed one (CI gates
-        # read it), even if recording the failure is interrupted too
-        output_folder.discard(self.out_dir, self.owner)
         try:
-            self.tracker.finish(None, None, self.loaded.path, failed=True)
+            self.tracker.finish(None, None, self.loaded.path, failed=True,
+                                interrupted=was_interrupted(exc))
         except Exception as tracking_exc:  # noqa: BLE001  (the run's own error is reported)
             if not isinstance(exc, TrackingError):  # else it is that same failure
                 log.warning("MLflow could not record the failed run either: %s", tracking_exc)
+
+
+def was_interrupted(exc: BaseException) -> bool:
+    """Whether `exc` ended a run because it was interrupted: Ctrl-C (KeyboardInterrupt,
+    also when a library wrapped it into an error of its own) or SIGTERM (Prefect's
+    TerminationSignal), rather than failed."""
+    from prefect.exceptions import TerminationSignal
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KeyboardInterrupt | TerminationSignal):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def task_run_name(node: Node) -> str:

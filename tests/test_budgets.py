@@ -13,6 +13,7 @@ from orchestrator.measure.budgets import (
     broken_kinds,
     check_budgets,
     has_quality_budgets,
+    quality_against_budgets,
     quality_headline,
     quality_shortfall,
     quality_violations,
@@ -184,3 +185,18 @@ def test_per_output_budgets_as_the_runs_params_show_them() -> None:
 
     budgets = Budgets(max_size_mb=1, outputs={"onset": {"min_sqnr_db": 25}})
     assert _budgets(budgets) == "max_size_mb=1, outputs.onset.min_sqnr_db=25"
+
+
+def test_each_budgeted_figure_is_shown_beside_its_bound() -> None:
+    # the trial: outputs {output_0: {min_sqnr_db: 39}} met at 41.2 dB, while the
+    # logits (what the guard ranks by) were at 16.9 dB: the line shows the budgeted figure
+    metrics = {"sqnr_db.output_0": 41.2, "min_logit_sqnr_db": 16.9}
+    budgets = Budgets(outputs={"output_0": {"min_sqnr_db": 39}})
+    assert quality_against_budgets(metrics, budgets) == ["output_0 SQNR 41.2 dB ≥ 39 dB"]
+    assert quality_against_budgets({"sqnr_db.output_0": 30.0}, budgets) == [
+        "output_0 SQNR 30.0 dB < 39 dB"]
+    both = Budgets(max_accuracy_drop=0.01, min_fidelity=0.999)
+    assert quality_against_budgets(METRICS, both) == ["accuracy drop 0.0040 ≤ 0.01",
+                                                      "fidelity 0.9900 < 0.999"]
+    assert quality_against_budgets({}, Budgets(max_accuracy_drop=0.01)) == [
+        "accuracy_drop not measured: add evaluate (with labelled data) to the pipeline"]

@@ -410,9 +410,8 @@ BAD = {
                         ["pb.enc", "no model key", "NO_SUCH_KEY_VAR"]),
     "enc, wrong key": (lambda m, t: [str(m["pb.enc"]), "--key-file", str(m["other-key.txt"])],
                        ["pb.enc", "wrong key", "other-key.txt"]),
-    "runs 0": (lambda m, t: [str(m["model.pb"]), "--runs", "0"], ["--runs", "at least 1"]),
-    "threads 0": (lambda m, t: [str(m["model.pb"]), "--threads", "0"],
-                  ["--threads", "at least 1"]),
+    # `--runs 0`, `--threads 0`: argparse's usage error (exit 2) saying the bound, as for
+    # every counting flag (tests/test_count_bounds.py)
     "threads empty": (lambda m, t: [str(m["model.pb"]), "--threads", ""], ["--threads"]),
     "threads not numbers": (lambda m, t: [str(m["model.pb"]), "--threads", "1,two"],
                             ["--threads", "'two'"]),
@@ -649,3 +648,56 @@ def test_inspect_an_encrypted_package_describes_it_as_it_ships(
     assert text.split("\n", 1)[1] == plain_text.split("\n", 1)[1]
     assert re.search(r"\d+ ImmutableConst", text.split("Op types used: ")[1])
     assert re.search(r"length [\d.]+ MiB", text), text
+
+
+# ---------------------------------------------------------------- agreeing with a run's report
+
+
+def test_the_spread_warning_is_the_one_a_runs_estimate_gives() -> None:
+    """`benchmark` warns by the rule a run's report does (measure.estimates.timings_spread):
+    the issue's 107 µs p50 against a 7.2 µs fastest run is spread, a steady setting is not."""
+    from orchestrator.cli.benchmark import spread_warnings
+    from orchestrator.measure.estimates import basis, estimate
+    from orchestrator.spec.devices import resolve_device
+
+    info = {"threads_matrix": [
+        {"threads": 2, "latency_ms": {"p50": 0.107, "min": 0.0072}},
+        {"threads": 1, "latency_ms": {"p50": 0.0075, "min": 0.0072}}]}
+    warnings = spread_warnings(info)
+    assert len(warnings) == 1
+    assert warnings[0].startswith("threads=2: host timings spread (p50 14.9× the fastest "
+                                  "run): rerun on a quiet machine")
+    # the run's estimate for the same timings says the same words
+    made = estimate(1.1e6, resolve_device("phone-2016"), "int8",
+                    basis(0.107, 7e10, 7e10, 0.0005, 8, "litert", min_ms=0.0072))
+    assert made is not None
+    assert "host timings spread (p50 14.9× the fastest run)" in made.method
+    steady = estimate(1.1e6, resolve_device("phone-2016"), "int8",
+                      basis(0.0075, 7e10, 7e10, 0.0005, 8, "litert", min_ms=0.0072))
+    assert steady is not None and "spread" not in steady.method
+
+
+def test_the_default_threads_are_the_stages_and_the_report_says_so(tmp_path: Path) -> None:
+    """Without --threads the command times what a recipe's benchmark stage times (the
+    stage's own default, the same Params), and its report says which, and why."""
+    import tensorflow as tf
+
+    from orchestrator.cli.benchmark import run_benchmark, threads_text
+    from orchestrator.model.files import open_model
+    from orchestrator.stages import get_stage
+
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.nn.relu(tf.compat.v1.placeholder(tf.float32, [1, 4], name="x"), name="y")
+    path = tmp_path / "tiny.pb"
+    path.write_bytes(graph.as_graph_def().SerializeToString())
+    opened = open_model(path)
+    params = get_stage("benchmark").params(runs=2, warmup=0, memory=False, profile_runs=0)
+    result = run_benchmark(opened.artifact, params, None, path)
+    timed = result.info["threads"]
+    assert timed == os.cpu_count()  # the stage's default: this host's cores
+    assert threads_text(params, result.info["host"]["cores"]) == (
+        f"threads: {timed} (the benchmark stage's default, as a recipe's benchmark stage "
+        f"times: this host's {timed} cores)")
+    given = get_stage("benchmark").params(threads=[1, 2])
+    assert threads_text(given, 2) == "threads: 1,2 (--threads)"

@@ -329,3 +329,21 @@ def test_a_name_another_recipe_has_is_made_unique(project: Path,
                                                                 "name: digits"))
     assert main(["init", str(project / model)]) == 0  # `digits` is taken here: digits-2
     assert load_recipe(project / "recipes" / "digits-2.yaml").recipe.name == "digits-2"
+
+
+def test_samples_are_what_the_data_has(project: Path) -> None:
+    """Issue 39: `samples: 200` beside the comment `x_calib: [100, ...]`. A recipe asks for
+    at most the rows the representative array holds (and the log_ranges stage too)."""
+    with np.load(project / "models/digits/data.npz") as data:
+        arrays = {name: data[name] for name in data.files}
+    arrays["x_calib"] = arrays["x_calib"][:30]
+    np.savez(project / "small.npz", **arrays)
+    recipe = project / "small.yaml"
+    assert main(["init", str(project / "models/digits/saved_model"), "-o", str(recipe),
+                 "--data", str(project / "small.npz")]) == 0
+    text = recipe.read_text()
+    assert "(x_calib: [30, 8, 8, 1] float32)" in text
+    assert "representative: {source: small.npz, array: x_calib, samples: 30}" in text
+    assert "      - log_ranges: {samples: 30}" in text
+    loaded = load_recipe(recipe)
+    assert loaded.recipe.data.representative.samples == 30

@@ -26,7 +26,9 @@ def test_types_print_their_choices_not_python_typing(capsys: pytest.CaptureFixtu
         assert leak not in out, leak
     assert "    mode: fp32 | dynamic_range | float16 | int8 (default int8)" in out
     assert "    fallback_min: float | null (default null)" in out
-    assert "    threads: int > 0 | non-empty list[int > 0] | null (default null)" in out
+    assert "    threads: int in [1, 256] | non-empty list[int in [1, 256]] | null " \
+        "(default null)" in out
+    assert "    samples: int in [1, 1000000] | null (default 200)" in out
     assert "    iterations: int in [1, 100] (default 4)" in out
     assert "    min_percentile: float in [0, 50) (default 5.0)" in out
     assert "    remove_nodes: list[str] (default [Identity, CheckNumerics])" in out

@@ -138,13 +138,23 @@ def test_label_count_must_match(tmp_path: Path) -> None:
 
 def test_wrong_shape_says_expected_and_found(npz: Path) -> None:
     spec = TensorSpec("image", "float32", (None, 8, 8, 1))
+    # read in batches of 3: the message names the array's 10 rows, never a batch's 3
     with pytest.raises(DataError) as info:
-        next(representative_batches(DataSource(source="data.npz", array="x"), npz.parent,
-                                    spec))
+        representative_batches(DataSource(source="data.npz", array="x", batch_size=3),
+                               npz.parent, spec)
     error = info.value
-    assert "expects samples of shape (8, 8, 1)" in error.message
-    assert "found (4, 4, 1)" in error.message
+    assert error.message == ("data.npz[x]: input 'image' expects samples of shape (8, 8, 1) "
+                             "(model input (?, 8, 8, 1)), found (4, 4, 1) (array (10, 4, 4, 1))")
     assert error.file == str(npz) and error.field == "data.representative.array"
+    with pytest.raises(DataError) as info:
+        load_evaluation(DataSource(source="data.npz", inputs="x", labels="y", batch_size=3),
+                        npz.parent, spec)
+    assert "(array (10, 4, 4, 1))" in info.value.message
+    assert info.value.field == "data.evaluation.inputs"
+    # a batch (all a module's function or an image folder gives at a time) says it is one
+    with pytest.raises(DataError) as info:
+        fit_to_input(np.zeros((3, 4, 4, 1)), spec, "data:batches")
+    assert info.value.message.endswith("found (4, 4, 1) (in a batch of 3 read from it)")
     # validation sees it too, from the .npy header alone
     with pytest.raises(DataError, match="found \\(4, 4, 1\\)"):
         check_source(DataSource(source="data.npz", array="x"), npz.parent, "representative",

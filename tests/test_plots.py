@@ -304,3 +304,30 @@ def test_history_names_the_commit_the_recipe_file_last_changed_in() -> None:
     figure = chart_figure(rows, "digits-cnn")
     assert "recipe commit (the commit that last changed the recipe file)" in (
         figure.axes[2].get_xlabel())
+
+
+def test_every_target_colours_latency_on_one_scale() -> None:
+    # the pi's estimates (4x the phone's) span less than 10x on their own, so each panel
+    # with its own scale would read log on one and linear on the other
+    report = _report()
+    for name, variant in report["variants"].items():
+        variant["targets"]["phone"]["est_latency_ms"] = 0.02 if name == "litert_int8" else 0.5
+        variant["targets"]["pi"]["est_latency_ms"] = 0.3 if name == "litert_int8" else 0.9
+    figure = plots.tradeoff_figure(report)
+    bars = [ax for ax in figure.axes if "estimated latency on" in ax.get_ylabel()]
+    assert len(bars) == 2
+    assert [ax.get_yscale() for ax in bars] == ["log", "log"]
+    assert bars[0].get_ylim() == bars[1].get_ylim()
+    # the same latency is the same colour in both panels: the phone's 0.5 ms and ...
+    panels = [ax for ax in figure.axes if ax.get_xlabel() == "shipped size, MiB"]
+    colour = {(i, c.get_label()): tuple(c.get_facecolor()[0])
+              for i, ax in enumerate(panels) for c in ax.collections
+              if c.get_sizes()[0] == plots.MARKER_SIZE}
+    assert colour[(0, "int8")] != colour[(1, "int8")]  # 0.5 ms against 0.9 ms
+    assert colour[(0, "litert_int8")] != colour[(1, "litert_int8")]
+    report["variants"]["int8"]["targets"]["pi"]["est_latency_ms"] = 0.5
+    figure = plots.tradeoff_figure(report)
+    panels = [ax for ax in figure.axes if ax.get_xlabel() == "shipped size, MiB"]
+    same = [tuple(c.get_facecolor()[0]) for ax in panels for c in ax.collections
+            if c.get_label() == "int8" and c.get_sizes()[0] == plots.MARKER_SIZE]
+    assert len(same) == 2 and same[0] == same[1]

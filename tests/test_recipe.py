@@ -43,7 +43,7 @@ CASES = [
      ["freeze_ranges needs an earlier log_ranges"]),
     ("log_ranges_without_data.yaml", RecipeError, 7, "pipelines.int8.stages.4",
      ["log_ranges needs data.representative"]),
-    ("samples_zero.yaml", RecipeError, 6, "data.representative.samples", ["greater than 0"]),
+    ("samples_zero.yaml", RecipeError, 6, "data.representative.samples", ["at least 1, found 0"]),
     ("log_file_missing.yaml", RecipeError, 10, "pipelines.int8.stages.2.freeze_ranges.log_file",
      ["file not found", "no_such_ranges.log"]),
     # union fields (stage entries, devices): the error of the branch that fits the input's

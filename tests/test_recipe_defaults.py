@@ -185,3 +185,123 @@ def test_keep_names_must_be_a_boolean(write) -> None:  # noqa: ANN001
         load_recipe(recipe)
     assert caught.value.field == "pipelines.int8.keep_names"
     assert caught.value.line == recipe.read_text().splitlines().index("    keep_names: maybe") + 1
+
+
+# ---- measure_on_device: the board's stage, added per connected target, and kept off -----
+
+TARGETS = """\
+targets:
+  - {{name: pi, device: raspberry-pi-4, connect: "ssh://pi@board"}}
+  - {{name: arm, device: phone-modern, connect: "{arm}"}}
+  - {{name: phone, device: phone-2016}}
+"""
+
+
+def with_boards(write, pipelines: str, arm: str = "ssh://arm@board") -> Path:  # noqa: ANN001
+    recipe = write(pipelines)
+    recipe.write_text(recipe.read_text() + TARGETS.format(arm=arm))
+    return recipe
+
+
+def boards(loaded, pipeline: str) -> list[str]:  # noqa: ANN001
+    return [params.target for name, params in loaded.stages[pipeline]
+            if name == "measure_on_device"]
+
+
+def test_measure_on_device_false_or_a_list_keeps_boards_off_a_pipeline(write) -> None:  # noqa: ANN001
+    loaded = load_recipe(with_boards(write, """\
+    measure_on_device: false
+  lite:
+    from: fp32
+    stages: [{convert_tflite: {mode: dynamic_range}}]
+    measure_on_device: [arm]
+  lite2:
+    from: lite
+    stages: [benchmark]
+"""))
+    assert boards(loaded, "fp32") == []
+    assert boards(loaded, "lite") == ["arm"]
+    assert boards(loaded, "lite2") == ["pi", "arm"]  # not inherited along from:
+    assert {n.stage for n in build_plan(loaded).nodes if n.pipeline == "fp32"} == {
+        "freeze", "strip", "fold", "benchmark"}
+
+
+@pytest.mark.parametrize(("setting", "says", "field"), [
+    ("measure_on_device: [pi, phone, pie]", "'phone', 'pie': no such target with a board "
+     "(targets with connect: pi, arm)", "pipelines.fp32.measure_on_device"),
+    ("measure_on_device: maybe", "bool", "pipelines.fp32.measure_on_device"),
+])
+def test_a_bad_measure_on_device_is_exit_2_at_its_line(write, setting: str, says: str,  # noqa: ANN001
+                                                       field: str) -> None:
+    recipe = with_boards(write, f"    {setting}\n")
+    with pytest.raises(RecipeError) as caught:
+        load_recipe(recipe)
+    text = str(caught.value)
+    assert caught.value.exit_code == 2
+    assert "r.yaml:10:" in text and field in text and says in text, text
+
+
+def test_false_and_a_listed_measurement_contradict(write) -> None:  # noqa: ANN001
+    recipe = write("")
+    recipe.write_text(recipe.read_text().replace(
+        "benchmark]", "benchmark, {measure_on_device: {target: pi}}]\n"
+        "    measure_on_device: false") + TARGETS.format(arm="ssh://arm@board"))
+    with pytest.raises(RecipeError) as caught:
+        load_recipe(recipe)
+    assert "r.yaml:9:" in str(caught.value) and "pipelines.fp32.stages.4" in str(caught.value)
+    assert "remove one or the other" in str(caught.value)
+
+
+def test_validate_says_which_variants_a_board_cannot_run(
+        write, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Known from the recipe: a GraphDef needs TensorFlow on the board (the emulated board
+    built here without it cannot run one), a memmapped package runs on none; each board
+    and reason once, with the real, shell-quoted command; a pipeline kept off is not named."""
+    import shlex
+
+    from orchestrator.cli.main import main
+
+    boards_home = tmp_path / "boards"
+    (boards_home / "aarch64").mkdir(parents=True)
+    (boards_home / "aarch64" / "board.json").write_text('{"python": "3.11"}')  # no tensorflow
+    monkeypatch.setenv("ORCHESTRATOR_BOARDS", str(boards_home))
+    qemu = "qemu://aarch64?cpu=cortex-a76"
+    recipe = with_boards(write, """\
+  int8:
+    from: fp32
+    stages: [quantize_weights]
+  mobile:
+    from: int8
+    stages: [memmap]
+  lite:
+    from: fp32
+    stages: [{convert_tflite: {mode: dynamic_range}}]
+  kept_off:
+    from: fp32
+    stages: [strip]
+    measure_on_device: false
+""", arm=qemu)
+    capsys.readouterr()
+    assert main(["validate", str(recipe)]) == 0
+    out = capsys.readouterr().out
+    notes = [line.removeprefix("  note: ") for line in out.splitlines()[1:]]
+    quoted = shlex.quote(qemu)
+    assert quoted == f"'{qemu}'"
+    assert notes == [
+        "pi (ssh://pi@board) runs fp32, int8 only with TensorFlow there: a GraphDef "
+        "(`orchestrator device check ssh://pi@board` says if it has it; `orchestrator device "
+        "prepare ssh://pi@board --runtime tensorflow` adds it); `measure_on_device: false` "
+        "in a pipeline keeps the board off it",
+        f"arm ({quoted}) cannot run fp32, int8: a GraphDef needs TensorFlow there, which it "
+        f"has not (`orchestrator device prepare {quoted} --runtime tensorflow` adds it: "
+        "1.5 GB); `measure_on_device: false` in a pipeline keeps the board off it",
+        "pi (ssh://pi@board) cannot run mobile: a memmapped package runs on no board (its "
+        "graph is measured in the pipeline before memmap); `measure_on_device: false` in a "
+        "pipeline keeps the board off it",
+        f"arm ({quoted}) cannot run mobile: a memmapped package runs on no board (its graph "
+        "is measured in the pipeline before memmap); `measure_on_device: false` in a "
+        "pipeline keeps the board off it"], out
+    # the command as printed is one the shell runs as written: the URL one argument
+    command = notes[1].split("`")[1]
+    assert shlex.split(command)[3] == qemu

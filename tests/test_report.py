@@ -8,11 +8,14 @@ from orchestrator.spec.devices import resolve_device
 from orchestrator.spec.models import Budgets
 
 
-def variant(size: int, est: float | None, ok: bool = True, p50: float | None = None) -> dict:
+def variant(size: int, est: float | None, ok: bool = True, p50: float | None = None,
+            cv: float = 0.0, kind: str = "graphdef", host_cv: float | None = None) -> dict:
     violations = [] if ok else [f"size {size} too large"]
-    return {"size_bytes": size, "targets": {"t": {"budgets_ok": ok, "est_latency_ms": est,
-                                                  "violations": violations}},
-            **({"latency_ms": {"p50": p50}} if p50 is not None else {})}
+    return {"size_bytes": size, "kind": kind,
+            "targets": {"t": {"budgets_ok": ok, "est_latency_ms": est,
+                              **({"estimate": {"host_cv": host_cv}} if host_cv else {}),
+                              "violations": violations}},
+            **({"latency_ms": {"p50": p50, "cv": cv}} if p50 is not None else {})}
 
 
 def test_select_prefers_latency_then_size_among_those_within_budgets() -> None:
@@ -30,8 +33,8 @@ def test_selection_reasons_say_why_each_variant_was_or_was_not_chosen() -> None:
                                    "(2.00 ms est.)")
     assert why["fp32"] == ("meets every budget, but fp32's estimated latency 5.00 ms > "
                            "int8b's 2.00 ms")
-    assert why["int8"] == ("meets every budget, same estimated latency as int8b, but larger "
-                           "(0.00293 MiB vs 0.00195 MiB)")
+    assert why["int8"] == ("meets every budget, a tie with int8b (estimated latency 2.00 ms vs "
+                           "2.00 ms), but larger (0.00293 MiB vs 0.00195 MiB)")
     assert why["fast_but_bad"] == "breaks a budget: size 100 too large"
     alone = {"a": variant(10, 1.0), "b": variant(10, 1.0, ok=False)}
     assert selection_reasons(alone, select(alone, ["t"]))["t"]["a"].endswith(
@@ -48,7 +51,8 @@ def test_measured_latency_decides_among_estimates_that_tie() -> None:
     why = selection_reasons(variants, select(variants, ["t"]))["t"]
     assert why["litert_int8"] == (
         "selected: meets every budget; estimated latency 31.0 µs, within 10% of the lowest "
-        "(int8's 30.0 µs); the fastest measured on this host (33.0 µs p50 vs int8's 1.24 ms)")
+        "(int8's 30.0 µs); the fastest measured on this host (33.0 µs p50 vs int8's 1.24 ms; "
+        "beyond the 5% noise of the timings)")
     assert why["int8"] == ("meets every budget, estimated latency close to litert_int8's "
                            "(30.0 µs vs 31.0 µs), but slower measured on this host (1.24 ms "
                            "vs 33.0 µs p50)")
@@ -75,12 +79,61 @@ def test_the_chosen_reason_names_only_the_steps_of_the_rule_that_decided() -> No
     why = selection_reasons(close, select(close, ["t"]))["t"]["litert_int8"]
     assert why == ("selected: meets every budget; lowest estimated latency (33.1 µs est.); "
                    "within 10% of it: litert_dynamic (34.0 µs est.); the fastest measured "
-                   "on this host (6.30 µs p50 vs litert_dynamic's 7.10 µs)")
+                   "on this host (6.30 µs p50 vs litert_dynamic's 7.10 µs; beyond the 5% "
+                   "noise of the timings)")
     # estimates and measurements alike: the size decided, and only then is it said
     same = {"a": variant(3072, 2.0), "b": variant(2048, 2.0), "c": variant(100, 9.0)}
     why = selection_reasons(same, select(same, ["t"]))["t"]["b"]
     assert why == ("selected: meets every budget; lowest estimated latency (2.00 ms est.); "
-                   "then the smallest of b, a (0.00195 MiB vs 0.00293 MiB)")
+                   "a tie (none measured on this host), broken by the smaller file "
+                   "(0.00195 MiB vs a's 0.00293 MiB)")
+
+
+def test_timings_within_their_noise_are_a_tie_broken_by_a_stable_rule() -> None:
+    # the issue's loaded host: 131 µs against 131 µs, 0.08 % apart: within the noise (the
+    # larger cv, at least 5 %), so the host does not decide: the smaller file does, in
+    # either order of the recipe and whichever of the two this run measured faster
+    for fast, slow in (("litert_int8", "litert_q"), ("litert_q", "litert_int8")):
+        timings = {fast: 0.1310, slow: 0.1311}
+        variants = {name: variant(size, 0.0331, p50=timings[name], cv=cv, kind="tflite")
+                    for name, size, cv in (("litert_int8", 277_000, 0.03),
+                                           ("litert_q", 271_000, 0.02))}
+        for ordered in (variants, dict(reversed(variants.items()))):
+            assert select(ordered, ["t"]) == {"t": "litert_q"}
+            why = selection_reasons(ordered, {"t": "litert_q"})["t"]
+            assert "a tie (this host's p50s" in why["litert_q"], why
+            assert "within the 5% noise" in why["litert_q"]
+            assert "broken by the smaller file" in why["litert_q"]
+            assert why["litert_int8"].startswith("meets every budget, a tie with litert_q")
+    # a spread wider than their difference: a tie too (12 % apart, cv 0.3)
+    wide = {"big": variant(900, 1.0, p50=1.00, cv=0.3), "small": variant(800, 1.0, p50=1.12,
+                                                                         cv=0.1)}
+    assert select(wide, ["t"]) == {"t": "small"}
+    assert "within the 30% noise" in selection_reasons(wide, {"t": "small"})["t"]["small"]
+    # the same size: the simpler kind, then recipe order
+    kinds = {"mapped": variant(800, 1.0, p50=1.0, kind="memmapped"),
+             "plain": variant(800, 1.0, p50=1.01)}
+    assert select(kinds, ["t"]) == {"t": "plain"}
+    assert "broken by the simpler kind" in selection_reasons(kinds, {"t": "plain"})["t"][
+        "plain"]
+    twins = {"b": variant(800, 1.0, p50=1.01), "a": variant(800, 1.0, p50=1.0)}
+    assert select(twins, ["t"]) == {"t": "b"}
+    assert "broken by recipe order" in selection_reasons(twins, {"t": "b"})["t"]["b"]
+    # estimates calibrated on timings that spread: within that spread they tie as well
+    spread = {"a": variant(900, 1.0, host_cv=0.4), "b": variant(800, 1.3, host_cv=0.4)}
+    assert select(spread, ["t"]) == {"t": "b"}
+    from_flops = {"a": variant(900, 1.0), "b": variant(800, 1.3)}  # no timing in them:
+    assert select(from_flops, ["t"]) == {"t": "a"}  # 10 % decides
+
+
+def test_a_clear_difference_still_selects_the_faster() -> None:
+    # 20 % apart with tight timings: the faster one, the larger file, and no tie is said
+    variants = {"small": variant(800, 1.0, p50=1.20, cv=0.02),
+                "fast": variant(900, 1.0, p50=1.00, cv=0.03)}
+    assert select(variants, ["t"]) == {"t": "fast"}
+    why = selection_reasons(variants, {"t": "fast"})["t"]
+    assert "the fastest measured on this host" in why["fast"] and "tie" not in why["fast"]
+    assert "slower measured on this host" in why["small"]
 
 
 def test_check_budgets_names_each_violation() -> None:

@@ -286,3 +286,13 @@ def test_diagnostics_drop_the_guard_advice_where_the_guard_is_on(report: dict,
     # the page's heading, in the plural its subject takes
     html = render(report, {}, tmp_path).decode()
     assert "What the stages found that changed nothing and ask for no action." in html
+
+
+def test_the_trials_table_shows_each_budgeted_figure_beside_its_bound(report: dict,
+                                                                       tmp_path: Path) -> None:
+    report["variants"]["int8"]["trials"][0]["budget_figures"] = [
+        "output_0 SQNR 41.2 dB ≥ 39 dB"]
+    html = render(report, {}, tmp_path).decode()
+    trials = html[html.index('class="trials"'):]
+    assert "<td class=\"name\">output_0 SQNR 41.2 dB ≥ 39 dB</td>" in trials
+    assert "what the guard ranks trials by (not a budget)" in trials

@@ -216,7 +216,7 @@ def test_an_mlflow_run_a_person_can_read(tmp_path: Path, digits_example: Path,
     links = {"prefect.flow_run_id": "f-123", "prefect.flow_run_url": "http://x:4200/runs/f-123"}
     client.start(plan, {"orchestrator": "test"}, links=links,
                  overrides=["targets.0.budgets.max_size_mb=0.5"])
-    stage_metrics = {"quantize_nodes": {"quantized_ops": 12.0},
+    stage_metrics = {"quantize_nodes": {"quantized_ops": 12.0, "quantized_share": 2 / 3},
                      "benchmark": {"latency_p50_ms": 2.0, "flops": 1138364.0},
                      "evaluate": {"accuracy": 0.99, "fidelity": 1.0}}
     for node in plan.nodes:
@@ -256,6 +256,8 @@ def test_an_mlflow_run_a_person_can_read(tmp_path: Path, digits_example: Path,
     assert int8.params == {"pipeline": "int8", "from": "fp32", "stages": (
         "quantize_nodes, log_ranges, freeze_ranges, compact_names, benchmark, evaluate")}
     assert int8.metrics["quantize_nodes.quantized_ops"] == 12.0  # a stage's own figure
+    # as the UI shows it as stored: 6 significant digits, not 0.6666666666666666
+    assert int8.metrics["quantize_nodes.quantized_share"] == 0.666667
     assert int8.metrics["size_bytes"] == 283539 and int8.metrics["latency_p50_ms"] == 2.06
     assert "benchmark.latency_p50_ms" not in int8.metrics  # measured: the pipeline's own
     (trial,) = store.search_runs([experiment.experiment_id],

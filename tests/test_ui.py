@@ -93,3 +93,23 @@ def test_mlflow_links_open_the_classic_tracking_view() -> None:
     assert mlflow_url(base, "7") == f"{base}/#/experiments/7/runs?{CLASSIC_VIEW}"
     assert mlflow_url(base, None) == f"{base}/#/experiments?{CLASSIC_VIEW}"
     assert CLASSIC_VIEW == "workflowType=machine_learning"
+
+
+def test_prefect_keeps_its_runs_in_the_project_as_mlflow_does(
+        project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.cache.project import local_home
+    from orchestrator.flow.local_server import DATABASE_ENV, database_env
+
+    monkeypatch.delenv("PREFECT_HOME", raising=False)
+    monkeypatch.delenv(DATABASE_ENV, raising=False)
+    home = local_home(project)
+    # the server `run`, `ui` and `serve` share is given the project's database: its UI
+    # lists this project's flow runs, not every project's on the machine (~/.prefect)
+    assert database_env(home) == {
+        DATABASE_ENV: f"sqlite+aiosqlite:///{project / '.orchestrator' / 'prefect.db'}"}
+    # a database the user names stays theirs
+    monkeypatch.setenv("PREFECT_HOME", str(project / "elsewhere"))
+    assert database_env(home) == {}
+    monkeypatch.delenv("PREFECT_HOME")
+    monkeypatch.setenv(DATABASE_ENV, "postgresql+asyncpg://db/prefect")
+    assert database_env(home) == {}

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.cli.common import bounded_flag, bounded_list_flag
 from orchestrator.errors import ModelSourceError, OrchestratorError, StageError, UsageError
 from orchestrator.formatting import SIZE_UNIT, SIZE_UNIT_NOTE, format_mib, format_ms, format_size
 from orchestrator.model.files import OpenedModel, open_model
@@ -210,6 +211,36 @@ def flops_text(flops: int | None, precision: str) -> str:
             "multiply-add, batch 1)")
 
 
+def threads_text(params: Any, cores: int | None) -> str:
+    """`threads: 2 (the benchmark stage's default: ...)`: the intra-op settings timed, and
+    where they came from; a recipe's benchmark stage without `threads:` times the same."""
+    settings = params.threads if isinstance(params.threads, list) else (
+        [params.threads] if params.threads else None)
+    if settings:
+        return f"threads: {','.join(map(str, settings))} (--threads)"
+    import os
+
+    cores = cores or os.cpu_count() or 1
+    return (f"threads: {cores} (the benchmark stage's default, as a recipe's benchmark "
+            f"stage times: this host's {cores} cores)")
+
+
+def spread_warnings(info: Mapping[str, Any]) -> list[str]:
+    """The warning a run's estimate gives (measure.estimates.timings_spread), per threads
+    setting whose timings are spread: a figure other processes on this host disturbed."""
+    from orchestrator.measure.estimates import timings_spread
+
+    warnings = []
+    for row in info.get("threads_matrix") or []:
+        stats = row["latency_ms"]
+        spread = timings_spread(float(stats["p50"]), float(stats["min"]))
+        if spread is not None:
+            warnings.append(f"threads={row['threads']}: {spread}: rerun on a quiet machine "
+                            "for a firmer figure (a recipe's report says the same of its "
+                            "estimate)")
+    return warnings
+
+
 def format_report(opened: OpenedModel, artifact: ModelArtifact, params: Any,
                   result: StageResult) -> str:
     """benchmark_model's report: what was run, the measured figures (timings per threads
@@ -225,6 +256,7 @@ def format_report(opened: OpenedModel, artifact: ModelArtifact, params: Any,
              "Measured on this host: "
              f"{host['cpu']}, {host['cores']} cores, {host['machine']}, {host['system']}, "
              f"Python {host['python']}, TensorFlow {host['tensorflow']}",
+             threads_text(params, host.get("cores")),
              f"Latency, batch {info['batch_size']}, {params.warmup} warm-up + "
              f"{params.runs} timed runs per setting, inter-op threads 1 "
              "(first: the cold run; curr: the last):"]
@@ -280,14 +312,14 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     except ValueError as exc:  # pydantic's ValidationError; _counts checks first
         raise UsageError(f"bad benchmark option: {exc}") from None
     path = Path(args.model)
-    if stage.prepare is not None and path.exists():
+    if stage.prepare is not None and path.exists() and not args.on:
         stage.prepare(params)  # the memory probe's TensorFlow import overlaps ours
     opened = open_model(path, args.key_env, args.key_file)
     artifact = with_input_shapes(opened, resolve_shapes(opened, given))
     if args.on:
         return benchmark_on_board(args, opened, artifact, values)
     result = run_benchmark(artifact, params, opened.key, path)
-    for warning in result.warnings:
+    for warning in [*result.warnings, *spread_warnings(result.info)]:
         print(f"warning: {warning}", file=sys.stderr)
     unknown = [s for s in artifact.inputs if s.shape is None or None in s.shape[1:]]
     for spec in unknown:
@@ -301,6 +333,25 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     return 0
 
 
+BOARD = "board"  # the measure_on_device stage's target name for a board given by --on
+
+
+def reach_board(url: Any) -> None:
+    """The board at `url` answers (its session opened for the measurement), else exit 2 as
+    `device check` and `run` give for the same board, naming the fix."""
+    import shlex
+
+    from orchestrator.devices.errors import DeviceLost, DeviceUnreachable
+    from orchestrator.devices.session import drop_session, shared_session
+
+    try:
+        shared_session(url, url.text).describe()
+    except (DeviceUnreachable, DeviceLost) as exc:
+        drop_session(url)
+        raise DeviceUnreachable(f"--on: {exc.message} (check the board with `orchestrator "
+                                f"device check {shlex.quote(url.text)}`)") from None
+
+
 def benchmark_on_board(args: argparse.Namespace, opened: OpenedModel,
                        artifact: ModelArtifact, values: Mapping[str, Any]) -> int:
     """`--on URL`: the measure_on_device stage on the file, on that board, fed random
@@ -312,23 +363,26 @@ def benchmark_on_board(args: argparse.Namespace, opened: OpenedModel,
         url = parse_device_url(args.on)
     except DeviceURLError as exc:
         raise UsageError(f"--on: {exc}") from None
+    from orchestrator.devices.session import close_sessions
+
     stage = get_stage("measure_on_device")
     known = {k: v for k, v in values.items() if k in ("runs", "warmup", "threads")}
-    params = stage.params(target="board", connect=url.text, **known)
+    params = stage.params(target=BOARD, connect=url.text, **known)
     key = opened.key
     context = StageContext(pipeline="benchmark", stage=stage.name,
                            model_key=None if key is None else (lambda _kid: key))
     try:
-        result = stage.run(artifact, params, context)
-    except OrchestratorError as exc:
-        raise StageError(str(exc), stage="measure_on_device") from exc
+        reach_board(url)
+        try:
+            result = stage.run(artifact, params, context)
+        except OrchestratorError as exc:  # lost mid-measurement: exit 3, as a run's stage
+            raise StageError(f"measuring on {url.text} failed: "
+                             f"{exc.message.removeprefix(f'target {BOARD}: ')}") from exc
     finally:
-        from orchestrator.devices.session import close_sessions
-
         close_sessions()
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    measured = result.info["device"]["board"]
+    measured = result.info["device"][BOARD]
     if args.json:
         print(json.dumps(measured, indent=2, default=str))
         return 0
@@ -377,14 +431,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                        metavar="NAME:D1,D2,...",
                        help="run input NAME with this shape, fixing its unknown dimensions "
                        "(repeatable, or several as a:1,3,b:1,5)")
-    bench.add_argument("--runs", type=int, default=None, metavar="N",
+    bench.add_argument("--runs", type=bounded_flag("runs"), default=None, metavar="N",
                        help="timed runs per threads setting (default 50)")
-    bench.add_argument("--warmup", type=int, default=None, metavar="N",
+    bench.add_argument("--warmup", type=bounded_flag("warmup"), default=None, metavar="N",
                        help="untimed runs first (default 5)")
-    bench.add_argument("--threads", default=None, metavar="N[,N...]",
+    bench.add_argument("--threads", type=bounded_list_flag("threads"), default=None,
+                       metavar="N[,N...]",
                        help="intra-op thread settings, each timed, e.g. 1,2,4 (default: "
                        "this machine's core count); inter-op threads are always 1")
-    bench.add_argument("--profile-runs", type=int, default=None, metavar="N",
+    bench.add_argument("--profile-runs", type=bounded_flag("profile_runs"), default=None,
+                       metavar="N",
                        help="traced runs for the per-node profile, 0 for none (default 20)")
     bench.add_argument("--key-env", default=None, metavar="VAR",
                        help="environment variable holding the key of an encrypted model "

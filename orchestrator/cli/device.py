@@ -53,7 +53,7 @@ def board_lines(board: dict[str, Any]) -> list[str]:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from orchestrator.devices.measurement import runtimes_needed
+    from orchestrator.devices.measurement import prepare_command, runtimes_needed
     from orchestrator.devices.prepare import describe_board
 
     try:
@@ -73,13 +73,12 @@ def cmd_check(args: argparse.Namespace) -> int:
                                   ("encrypted .tflite files", "tflite", True),
                                   ("GraphDef files", "graphdef", False)):
         missing = [m for m in runtimes_needed(kind, encrypted) if not runtimes.get(m)]
+        runtime = "tensorflow" if "tensorflow" in missing else None
         print(f"  {what}: " + ("can measure" if not missing else
-                               f"cannot: no {', '.join(missing)} (`orchestrator device "
-                               f"prepare {url.text}"
-                               + (" --runtime tensorflow" if "tensorflow" in missing else "")
-                               + "`)" + (" (1.5 GB; its import alone took 62 s under "
-                                         "qemu here)" if url.emulated and "tensorflow" in
-                                         missing else "")))
+                               f"cannot: no {', '.join(missing)} "
+                               f"(`{prepare_command(url.text, runtime)}`)"
+                               + (" (1.5 GB; its import alone took 62 s under "
+                                  "qemu here)" if url.emulated and runtime else "")))
     return 0
 
 

@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from orchestrator.cli.common import positive_int, print_error
+from orchestrator.cli.common import bounded_flag, print_error
 from orchestrator.errors import OrchestratorError
 
 
@@ -70,7 +70,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     history.add_argument("--force", action="store_true",
                          help="write history.png even into a folder that holds another "
                          "recipe's outputs or other files")
-    history.add_argument("--last", type=positive_int, default=None, metavar="N",
+    history.add_argument("--last", type=bounded_flag("last"), default=None, metavar="N",
                          help="only the newest N runs")
     history.add_argument("--json", action="store_true",
                          help="print the rows as JSON instead of the table")

@@ -447,7 +447,7 @@ def _data_lines(recipe: Path, data: DataChoice | None, spec: TensorSpec) -> list
                  f"  # typical inputs, to calibrate the 8-bit ranges ({rep.name}: "
                  f"{list(rep.shape)} {rep.dtype})",
                  f"  representative: {{source: {source}, array: {_yaml_str(rep.name)}, "
-                 f"samples: {REPRESENTATIVE_SAMPLES}}}",
+                 f"samples: {representative_samples(data)}}}",
                  f"  # accuracy, and fidelity to this model ({ev.name}: {list(ev.shape)} "
                  f"{ev.dtype})"]
         labels = (f", labels: {_yaml_str(data.labels.name)}" if data.labels is not None
@@ -507,6 +507,14 @@ def _target_lines(size_mb: float, budget_mb: float, has_labels: bool, has_data: 
     ]
 
 
+def representative_samples(data: DataChoice | None) -> int:
+    """The samples a written recipe calibrates on: REPRESENTATIVE_SAMPLES, or all the rows
+    the representative array has when it has fewer (a recipe says what its data holds)."""
+    if data is None or not data.representative.shape:
+        return REPRESENTATIVE_SAMPLES
+    return max(1, min(REPRESENTATIVE_SAMPLES, data.representative.shape[0]))
+
+
 def _commented(line: str, comment: str, column: int = 38) -> str:
     """`line` with `# comment` from `column` on (one space at least)."""
     return f"{line:<{column - 1}} # {comment}" if comment else line
@@ -534,7 +542,7 @@ def _pipeline_lines(data: DataChoice | None) -> list[str]:
         lines += [_commented("      - quantize_nodes: {guard: true}", "keeps the layers that "
                              "break a target's"),
                   _commented("", "quality budget in float"),
-                  f"      - log_ranges: {{samples: {REPRESENTATIVE_SAMPLES}}}",
+                  f"      - log_ranges: {{samples: {representative_samples(data)}}}",
                   "      - freeze_ranges: {min_percentile: 5, max_percentile: 5}"]
     else:
         lines += [_commented("      - quantize_nodes", "ranges computed at run time, until:"),

@@ -18,7 +18,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-from orchestrator.cli.common import command_error, interrupts_seen
+from orchestrator.cli.common import (
+    command_error,
+    interrupted_said,
+    interrupts_seen,
+    say_interrupted,
+)
 from orchestrator.errors import OrchestratorError
 
 
@@ -109,6 +114,7 @@ def _interrupts_noted() -> Iterator[Callable[[], bool]]:
     bugs."""
     seen = interrupts_seen
     seen.clear()
+    interrupted_said.clear()
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
         yield lambda: bool(seen)  # someone else handles Ctrl-C here
@@ -143,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run_noting_interrupts(args)
     except KeyboardInterrupt:  # a Ctrl-C as the command ended, while its handler was
-        print("interrupted", file=sys.stderr)  # being taken away: still quiet
+        say_interrupted()  # being taken away: still quiet
         return 130
 
 
@@ -161,7 +167,7 @@ def _run_noting_interrupts(args: argparse.Namespace) -> int:
         except (KeyboardInterrupt, Exception) as exc:
             # also when a library turned our KeyboardInterrupt into an error of its own
             if isinstance(exc, KeyboardInterrupt) or interrupted():
-                print("interrupted", file=sys.stderr)
+                say_interrupted()
                 return 130
             # a bug: never exit 1, which means "budget gate failed"
             import traceback
@@ -177,10 +183,33 @@ def console_main() -> None:
     """The console script: main(), then exit without the collector's passes over the large
     heap Prefect, MLflow and TensorFlow leave (0.5-1 s that free nothing the OS would not).
     Objects are still finalized by reference counting, and atexit handlers still run."""
-    code = main()
-    _exit_at_once_on_ctrl_c(code)
+    import atexit
+
+    # registered first, so run last: after every exit handler, a Ctrl-C is ignored rather
+    # than left to the default action the interpreter restores as it finalizes (the
+    # process would end by the signal, exit -2, not 130)
+    atexit.register(_ignore_ctrl_c_from_now_on)
+    try:
+        code = main()
+    except KeyboardInterrupt:  # a Ctrl-C as main() returned
+        say_interrupted()
+        code = 130
+    while True:  # a Ctrl-C before the handler below is in place: interrupted all the same
+        try:
+            _exit_at_once_on_ctrl_c(code)
+            break
+        except KeyboardInterrupt:
+            say_interrupted()
+            code = 130
     gc.freeze()
     raise SystemExit(code)
+
+
+def _ignore_ctrl_c_from_now_on() -> None:
+    """The exit handlers have run and the exit code is decided: a Ctrl-C in the last
+    moments of the interpreter's exit changes nothing (unless Ctrl-C is not ours here)."""
+    if getattr(signal.getsignal(signal.SIGINT), "ours", False):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _exit_at_once_on_ctrl_c(code: int) -> None:
@@ -203,6 +232,7 @@ def _exit_at_once_on_ctrl_c(code: int) -> None:
             sys.stderr.flush()
         os._exit(130)
 
+    on_interrupt.ours = True  # type: ignore[attr-defined]
     signal.signal(signal.SIGINT, on_interrupt)
 
 

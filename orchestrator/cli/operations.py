@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from orchestrator.cli.common import positive_int
+from orchestrator.cli.common import bounded_flag
 from orchestrator.errors import OrchestratorError
 
 _DEFAULT = object()  # a limit not given: the documented default applies
@@ -256,6 +256,6 @@ def add_parsers(sub: Any) -> None:
     serve = sub.add_parser("serve", help="serve every recipe's deployment from this process "
                            "(Prefect's serve) until Ctrl-C")
     _deployment_options(serve)
-    serve.add_argument("--limit", type=positive_int, default=1, metavar="N",
+    serve.add_argument("--limit", type=bounded_flag("concurrent_runs"), default=1, metavar="N",
                        help="runs at a time (default 1: a run already uses every core)")
     serve.set_defaults(fn=cmd_serve)

@@ -4,12 +4,13 @@ runs share)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.cli.common import command_error
+from orchestrator.cli.common import command_error, interrupts_seen, say_interrupted
 from orchestrator.errors import OrchestratorError
 
 if TYPE_CHECKING:
@@ -27,6 +28,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
             code = max(code, command_error(exc))
             continue
         print(f"{path}: ok ({validate_summary(loaded)})")
+        from orchestrator.recipe.defaults import board_limits
+
+        for line in board_limits(loaded.recipe, loaded.stages):
+            print(f"  note: {line}")
     return code
 
 
@@ -60,7 +65,69 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+class _RunState:
+    """How far `run` got: its output folder once known, whether the flow started."""
+
+    out_dir: Path | None = None
+    flow_started = False
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    """Run the recipe; a run that fails or is interrupted leaves its output folder as it
+    was, and its last line says what the folder holds (output_folder.held_by)."""
+    state = _RunState()
+    try:
+        report = _run(args, state)
+    except OrchestratorError as exc:
+        code = command_error(exc)
+        if state.out_dir is not None and (state.flow_started or code == 130):
+            _say_what_the_folder_holds(state.out_dir)
+        return code
+    except BaseException as exc:
+        if _terminated(exc):  # SIGTERM while the flow ran (Prefect raises it so)
+            print("terminated (SIGTERM)", file=sys.stderr)
+            _say_what_the_folder_holds(state.out_dir)
+            return 128 + 15
+        # also when a library turned our KeyboardInterrupt into an error of its own
+        interrupted = isinstance(exc, KeyboardInterrupt) or (
+            isinstance(exc, Exception) and bool(interrupts_seen))
+        if not interrupted or state.out_dir is None:
+            raise
+        say_interrupted()
+        _say_what_the_folder_holds(state.out_dir)
+        return 130
+    from orchestrator.results.report import print_summary
+
+    print_summary(report, Path(report["out_dir"]))
+    _print_where(report, args.recipe)
+    missing = [target for target, variant in report["selected"].items() if variant is None]
+    if missing:
+        print(f"budget gate failed: no variant within the budgets of {', '.join(missing)}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def _terminated(exc: BaseException) -> bool:
+    recipe_run = sys.modules.get("pipelines.recipe_run")
+    return (recipe_run is not None and not isinstance(exc, KeyboardInterrupt | Exception)
+            and recipe_run.was_interrupted(exc))
+
+
+def _say_what_the_folder_holds(out_dir: Path | None) -> None:
+    """The last line of a run that failed or was interrupted: what its output folder still
+    holds (a second Ctrl-C meanwhile does not cut it short)."""
+    from orchestrator.cache.store import interrupts_deferred
+    from orchestrator.results.output_folder import held_by
+
+    if out_dir is None:
+        return
+    with contextlib.suppress(KeyboardInterrupt), interrupts_deferred():
+        print(held_by(out_dir), file=sys.stderr)
+
+
+def _run(args: argparse.Namespace, state: _RunState) -> dict:
+    """The run, up to its report; `state` says how far it got."""
     from orchestrator.cache import project
     from orchestrator.tracking import client as tracking_client
 
@@ -86,6 +153,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         project.check_folders(out_dir, store_root, root)
         output_folder.check_output_owner(out_dir, loaded.recipe.name, loaded.path, root,
                                          args.force)
+        state.out_dir = out_dir
         plan = warm_up.plan_first(loaded, args.variant or None)  # a bad key: exit 2 now
         # the tracking worker (for the project's own URI, should it differ from the one
         # guessed above) and a booting Prefect server (~2.5 s, unless an earlier run's is
@@ -104,24 +172,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         total = sum(len(s) for s in loaded.stages.values())
         with ConsoleProgress(total) as progress, recipe_flow.observed_by(progress):
             try:
-                report = recipe_flow.run(str(loaded.path), overrides=list(args.set),
-                                         variants=args.variant or None,
-                                         no_cache=args.no_cache, output=output,
-                                         force=args.force,
-                                         heartbeats=server is None, executor=args.executor,
-                                         dask_address=args.dask_address)
+                state.flow_started = True
+                return recipe_flow.run(str(loaded.path), overrides=list(args.set),
+                                       variants=args.variant or None,
+                                       no_cache=args.no_cache, output=output,
+                                       force=args.force,
+                                       heartbeats=server is None, executor=args.executor,
+                                       dask_address=args.dask_address)
             except Exception as exc:
                 # the Prefect server gone mid-run is the user's to fix, not a bug (exit 2)
                 lost = local_server.api_lost(exc)
                 if lost is None:
                     raise
-                # it may go after the flow wrote its outputs (the final state's report to
-                # the API failed): a failed run leaves none
-                output_folder.discard(out_dir, output_folder.owner_of(
-                    loaded.recipe.name, loaded.path))
                 raise lost from exc
-    except OrchestratorError as exc:
-        return command_error(exc)
     finally:
         tracking_client.discard_prestarted()
         _end_helpers()
@@ -132,16 +195,6 @@ def cmd_run(args: argparse.Namespace) -> int:
                       f"later runs; it stops after {local_server.idle_seconds():.0f} s "
                       f"unused ({local_server.IDLE_ENV}=0: one server per run)",
                       file=sys.stderr)
-    from orchestrator.results.report import print_summary
-
-    print_summary(report, Path(report["out_dir"]))
-    _print_where(report, args.recipe)
-    missing = [target for target, variant in report["selected"].items() if variant is None]
-    if missing:
-        print(f"budget gate failed: no variant within the budgets of {', '.join(missing)}",
-              file=sys.stderr)
-        return 1
-    return 0
 
 
 def _end_helpers() -> None:

@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic.fields import FieldInfo
 
+from orchestrator.limits import shown
+
 _INDENT = "    "
 
 
@@ -34,9 +36,9 @@ def _bounds(metadata: list[Any]) -> str:
     if low and high:
         left = "[" if low[0] == ">=" else "("
         right = "]" if high[0] == "<=" else ")"
-        return f" in {left}{low[1]:g}, {high[1]:g}{right}"
+        return f" in {left}{shown(low[1])}, {shown(high[1])}{right}"
     bound = low or high
-    return f" {bound[0]} {bound[1]:g}" if bound else ""
+    return f" {bound[0]} {shown(bound[1])}" if bound else ""
 
 
 def _min_length(metadata: list[Any]) -> int:

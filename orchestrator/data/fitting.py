@@ -20,11 +20,14 @@ _KIND_NAMES = {"c": "complex numbers: pass the real part, or real and imaginary 
 
 
 def check_fits(array_shape: tuple[int, ...], input_spec: TensorSpec | None, source_desc: str,
-               *, file: str | None = None, field: str | None = None) -> tuple[int, ...]:
+               *, file: str | None = None, field: str | None = None,
+               batch: bool = False) -> tuple[int, ...]:
     """The shape `array_shape` takes when fed to `input_spec`, or DataError.
 
     The batch dimension (first) is free. A missing trailing channel dimension is added when
     the model's is 1. Other dimensions must equal the model's where it fixes them.
+    `batch`: the shape is one batch read from the source, not the source's whole array (the
+    message then says so, and never passes a batch's rows for the array's).
     """
     shape = tuple(int(d) for d in array_shape)
     if input_spec is None or input_spec.shape is None:
@@ -38,7 +41,8 @@ def check_fits(array_shape: tuple[int, ...], input_spec: TensorSpec | None, sour
         raise DataError(
             f"{source_desc}: input {input_spec.name!r} expects samples of shape "
             f"{fmt_shape(want[1:])} (model input {fmt_shape(want)}), found "
-            f"{fmt_shape(shape[1:])} (array {fmt_shape(tuple(array_shape))})",
+            f"{fmt_shape(shape[1:])} " + (f"(in a batch of {shape[0]} read from it)" if batch
+                                          else f"(array {fmt_shape(tuple(array_shape))})"),
             file=file, field=field)
     return shape
 
@@ -56,7 +60,8 @@ def fit_to_input(batch: Any, input_spec: TensorSpec | None, source_desc: str, *,
                         field=field) from exc
     if input_spec is None:
         return array
-    shape = check_fits(array.shape, input_spec, source_desc, file=file, field=field)
+    shape = check_fits(array.shape, input_spec, source_desc, file=file, field=field,
+                       batch=True)
     array = array.reshape(shape)
     check_dtype(array.dtype, input_spec, source_desc, file=file, field=field)
     try:

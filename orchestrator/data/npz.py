@@ -80,6 +80,9 @@ def open_chunks(source: DataSource, base_dir: Path, role: Role, input_spec: Tens
         if array is not None and array.ndim == 0:
             raise DataError(f"{what} is a single value (a 0-d array); expected one row "
                             "per sample", file=str(path), field=where)
+    if input_spec is not None:  # the whole array's shape, before any batch is read
+        check_fits(inputs.shape, input_spec, f"{path.name}[{name}]", file=str(path),
+                   field=input_field)
     return checked(slices(inputs, labels, chunk_size), names, str(path),
                    (input_field, labels_field)), input_field
 

@@ -170,8 +170,10 @@ class LiteRT:
 
         self.interpreter = Interpreter(model_content=bytes(model), num_threads=threads)
         self.interpreter.allocate_tensors()
-        self.inputs = ordered(self.interpreter.get_input_details(), input_names)
-        self.outputs = ordered(self.interpreter.get_output_details(), output_names)
+        self.inputs = ordered(self.interpreter.get_input_details(), input_names,
+                              signature(self.interpreter, "inputs"))
+        self.outputs = ordered(self.interpreter.get_output_details(), output_names,
+                               signature(self.interpreter, "outputs"))
 
     def batch_size(self):
         shape = self.inputs[0]["shape"]
@@ -252,10 +254,40 @@ def tensor_name(name):
     return name if ":" in name else name + ":0"
 
 
-def ordered(details, names):
-    by_name = {node_name(d["name"]): d for d in details}
-    wanted = [node_name(n) for n in names]
-    if len(details) == len(names) and all(n in by_name for n in wanted):
+def signature_name(ref):
+    """As orchestrator.model.litert_model.signature_name: `node` for output 0, else
+    `node:k`."""
+    ref = ref.lstrip("^")
+    return ref[:-2] if ref.endswith(":0") else ref
+
+
+def signature(interpreter, side):
+    """A LiteRT model's signature (serving_default, else the only one): name -> tensor
+    index, for `side` ("inputs" or "outputs"); {} without one."""
+    try:
+        signatures = interpreter._get_full_signature_list()
+    except (AttributeError, RuntimeError, ValueError):
+        return {}
+    key = "serving_default" if "serving_default" in signatures else (
+        next(iter(signatures)) if len(signatures) == 1 else None)
+    return {} if key is None else dict(signatures[key].get(side) or {})
+
+
+def ordered(details, names, by_signature=None):
+    """`details` in the order of the graph tensors `names`: through the signature, else
+    by tensor name, else (names stripped) as the interpreter has them. As
+    orchestrator.model.litert_model.in_order: the converter does not keep output order."""
+    if len(details) != len(names):
+        return list(details)
+    wanted = [signature_name(n) for n in names]
+    by_index = {int(d["index"]): d for d in details}
+    by_signature = by_signature or {}
+    picked = [by_signature.get(n) for n in wanted]
+    if None not in picked and len(set(picked)) == len(picked) and all(
+            int(i) in by_index for i in picked):
+        return [by_index[int(i)] for i in picked]
+    by_name = {signature_name(d["name"]): d for d in details}
+    if len(by_name) == len(details) and all(n in by_name for n in wanted):
         return [by_name[n] for n in wanted]
     return list(details)
 

@@ -6,6 +6,11 @@ deadline. A reply that does not come in time, a connection that drops, a runner 
 the process is killed (the whole group, the ssh client with it) and `DeviceLost` names
 the board and what it was doing. The board's own side ends itself too (an alarm per
 request, and a broken pipe), and the next runner there removes what a dead one left.
+
+A request cut short (Ctrl-C while the board measures, or while its Python starts) kills
+the board's process at once: its reply would come only when the measurement is done, and
+the frames are out of step anyway. Closing a session that is mid-request does the same,
+rather than saying goodbye to a runner that is not listening.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +56,9 @@ class BoardSession:
         self.process: subprocess.Popen[bytes] | None = None
         self.stderr = tempfile.TemporaryFile()
         self.ready: dict[str, Any] = {}
+        # a request (or the start) is under way: the board works and reads nothing more
+        # until it replies, so a close now kills it rather than waiting for it
+        self.busy = False
 
     def __enter__(self) -> BoardSession:
         self.start()
@@ -63,12 +73,15 @@ class BoardSession:
             self.transport.python_command("-u", "-c", BOOTSTRAP), stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self.stderr, start_new_session=True)
         source = runner_source()
-        self._write(str(len(source)).encode() + b"\n" + source, START_TIMEOUT_S, "starting")
-        try:
-            self.ready = self._read_message(time.monotonic() + START_TIMEOUT_S, "starting")
-        except DeviceLost as exc:
-            raise DeviceUnreachable(f"{self.where}: the board's Python did not start the "
-                                    f"measuring program: {exc.message}") from None
+        with self._in_flight():
+            self._write(str(len(source)).encode() + b"\n" + source, START_TIMEOUT_S,
+                        "starting")
+            try:
+                self.ready = self._read_message(time.monotonic() + START_TIMEOUT_S,
+                                                "starting")
+            except DeviceLost as exc:
+                raise DeviceUnreachable(f"{self.where}: the board's Python did not start the "
+                                        f"measuring program: {exc.message}") from None
         return self.ready
 
     def request(self, message: dict[str, Any], blobs: list[bytes] = (), *,
@@ -80,10 +93,26 @@ class BoardSession:
         for blob in blobs:
             frames += [FRAME.pack(len(blob)), blob]
         deadline = time.monotonic() + timeout
-        self._write(b"".join(frames), timeout, doing)
-        reply = self._read_message(deadline, doing)
-        out = [self._read_frame(deadline, doing) for _ in range(reply.get("blobs", 0))]
+        with self._in_flight():
+            self._write(b"".join(frames), timeout, doing)
+            reply = self._read_message(deadline, doing)
+            out = [self._read_frame(deadline, doing) for _ in range(reply.get("blobs", 0))]
         return reply, out
+
+    @contextmanager
+    def _in_flight(self) -> Iterator[None]:
+        """A request under way; cut short (Ctrl-C, an error), the board's process is killed
+        now: it would read nothing until its measurement ends, and the frames are out of
+        step."""
+        self.busy = True
+        try:
+            yield
+        except BaseException:
+            process = self.process
+            if process is not None:
+                _kill(process)
+            raise
+        self.busy = False
 
     def describe(self) -> dict[str, Any]:
         reply, _ = self.request({"op": "describe"}, timeout=START_TIMEOUT_S,
@@ -92,7 +121,9 @@ class BoardSession:
 
     def close(self) -> None:
         process, self.process = self.process, None
-        if process is not None and process.poll() is None:
+        if process is not None and process.poll() is None and self.busy:
+            _kill(process)  # mid-request (another thread's): it would not read a goodbye
+        elif process is not None and process.poll() is None:
             try:
                 self._write_to(process, FRAME.pack(13) + b'{"op": "bye"}', 5)
                 process.wait(timeout=10)
@@ -145,8 +176,9 @@ class BoardSession:
             raise DeviceLost("the connection was lost")
 
     def _read_exact(self, count: int, deadline: float, doing: str) -> bytes:
-        assert self.process is not None and self.process.stdout is not None
-        fd = self.process.stdout.fileno()
+        process = self.process
+        assert process is not None and process.stdout is not None
+        fd = process.stdout.fileno()
         chunks: list[bytes] = []
         while count:
             left = deadline - time.monotonic()
@@ -157,7 +189,7 @@ class BoardSession:
                 continue
             chunk = os.read(fd, min(count, 1 << 20))
             if not chunk:
-                code = self.process.poll()
+                code = process.poll()
                 why = "the connection was lost" if code in (None, 255) else (
                     f"the board's Python ended (exit {code})")
                 raise self._lost(doing, why)

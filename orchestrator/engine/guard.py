@@ -50,6 +50,7 @@ from orchestrator.errors import OrchestratorError
 from orchestrator.formatting import NOT_ON_CONSOLE, layer_name, shared_scope
 from orchestrator.measure.budgets import (
     has_quality_budgets,
+    quality_against_budgets,
     quality_headline,
     quality_shortfall,
     quality_violations,
@@ -185,6 +186,8 @@ class Trial:
     size_bytes: int | None
     seconds: float = 0.0
     failed: bool = False
+    # each quality budget's figure beside its bound ("output_0 SQNR 41.2 dB ≥ 39 dB")
+    against: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -226,6 +229,7 @@ class Trial:
                 "accuracy": self.metrics.get("accuracy"),
                 "accuracy_drop": self.metrics.get("accuracy_drop"),
                 "fidelity": self.metrics.get("fidelity"), "quality": self.headline,
+                "budget_figures": list(self.against),
                 "logit_sqnr_db": round(closeness, 3) if math.isfinite(closeness) else None,
                 "shortfall": round(self.shortfall, 6), "size_bytes": self.size_bytes,
                 **({"computes_in": self.computes_in} if self.computes_in else {}),
@@ -393,11 +397,18 @@ class _Search:
                       for v in quality_violations(metrics, t.budgets)]
         shortfall = sum(quality_shortfall(metrics, t.budgets) for t in targets)
         headline = quality_headline(metrics, targets[0].budgets) if targets else ""
+        budgeted = [t for t in targets if has_quality_budgets(t.budgets)]
+        against: list[str] = []
+        for target in budgeted:
+            for figure in quality_against_budgets(metrics, target.budgets):
+                text = f"{target.name}: {figure}" if len(budgeted) > 1 else figure
+                if text not in against:
+                    against.append(text)
         transforms = [n for n in nodes if n.kind == "transform"]
         size = (self.data.model_facts(transforms[-1].output_model_key).get("size_bytes")
                 if transforms else None)
         return Trial(index, settings, nodes, outcomes, metrics, violations, shortfall,
-                     headline, size, seconds)
+                     headline, size, seconds, against=against)
 
     def best(self) -> Trial:
         """The first candidate that meets the budgets (on the LiteRT Quantizer's path, the
@@ -433,10 +444,17 @@ class _Search:
         if self.on_trial is not None:
             best = self.best()
             row = trial.row()
-            quality = row["quality"] + ("" if row["logit_sqnr_db"] is None else
-                                        f", logits {row['logit_sqnr_db']:.1f} dB")
+            # the budgeted figures beside their bounds, then the measure the guard ranks
+            # trials by (a logit SQNR far below an output's budgeted SQNR is no failure)
+            quality = ("; ".join(trial.against) or row["quality"]) + (
+                "" if row["logit_sqnr_db"] is None
+                else f"; ranked by logit SQNR {row['logit_sqnr_db']:.1f} dB")
+            # a trial whose every stage came from the cache ran nothing: the console sums
+            # such trials up in one line (on_guard_end) instead of replaying them
+            cached = bool(trial.outcomes) and all(o.cached for o in trial.outcomes.values())
             self.on_trial(self.name, {**row, "quality": quality, "metrics": trial.metrics,
                                       "of": self.tune.max_trials, "change": change,
+                                      "cached": cached,
                                       "best": f"trial {best.index}: {best.headline}"})
         return trial
 

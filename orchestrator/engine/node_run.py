@@ -207,7 +207,9 @@ def _execute(node: Node, data: RunData, use_cache: bool) -> NodeOutcome:
     except OrchestratorError as exc:
         if getattr(node.params, "ignore_errors", False):
             return _passthrough(node, data, artifact, exc, time.perf_counter() - started)
-        raise StageError(str(exc), pipeline=node.pipeline, stage=node.stage) from exc
+        # a StageError already names a stage: its message alone, not "stage … failed" twice
+        message = exc.message if isinstance(exc, StageError) else str(exc)
+        raise StageError(message, pipeline=node.pipeline, stage=node.stage) from exc
     except Exception as exc:  # a stage's foreign failure: report it, naming the stage
         if getattr(node.params, "ignore_errors", False):
             return _passthrough(node, data, artifact, exc, time.perf_counter() - started)

@@ -9,6 +9,7 @@ run closes them, so the model and the data are loaded once per process and run.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,7 +136,7 @@ def preflight_devices(loaded: LoadedRecipe, plan: Plan, store: Store | None) -> 
     recipe's files need (exit 2 at the target's `connect:`, naming the fix), before any
     stage runs. Boards whose measurements are all cached are not contacted."""
     from orchestrator.devices.errors import DeviceLost, DeviceUnreachable
-    from orchestrator.devices.measurement import runtimes_needed
+    from orchestrator.devices.measurement import prepare_command, runtimes_needed
     from orchestrator.devices.session import drop_session, shared_session
     from orchestrator.devices.urls import parse_device_url
     from orchestrator.engine.node_run import pending_nodes
@@ -153,7 +154,7 @@ def preflight_devices(loaded: LoadedRecipe, plan: Plan, store: Store | None) -> 
         url = parse_device_url(url_text)
         where = ("targets", targets[node.params.target], "connect") if (
             node.params.target in targets) else ("pipelines", node.pipeline, "stages")
-        fix = f"check the board with `orchestrator device check {url_text}`"
+        fix = f"check the board with `orchestrator device check {shlex.quote(url_text)}`"
         try:
             board = shared_session(url, url_text).describe()
         except (DeviceUnreachable, DeviceLost) as exc:
@@ -170,7 +171,7 @@ def preflight_devices(loaded: LoadedRecipe, plan: Plan, store: Store | None) -> 
             raise loaded.error(
                 f"target {node.params.target}: the board at {url_text} has no "
                 f"{', '.join(missing)}, which the recipe's files need there: run "
-                f"`orchestrator device prepare {url_text}`", where, DeviceUnreachable)
+                f"`{prepare_command(url_text)}`", where, DeviceUnreachable)
 
 
 def data_fingerprints(loaded: LoadedRecipe) -> dict[str, str]:

@@ -32,7 +32,7 @@ from orchestrator.engine.node_run import NodeOutcome, RunData
 from orchestrator.engine.plan import Node, Plan
 
 # notify(method, *args): the run's observers (progress display, tracking): on_node_start,
-# on_node_end, on_node_error, on_guard_trial
+# on_node_end, on_node_error, on_guard_trial, on_guard_end(pipeline, GuardResult)
 Notify = Callable[..., None]
 
 
@@ -251,6 +251,7 @@ class _Run:
         guarded = apply_guard(name, self.plan, self.data, self.outcomes, self.run_now,
                               on_trial=lambda *trial: self.notify("on_guard_trial", *trial))
         if guarded is not None:
+            self.notify("on_guard_end", name, guarded)
             self.plan.pipelines[name] = guarded.nodes
             self.outcomes.update(guarded.outcomes)
             self.order[name] += [i for i in guarded.outcomes if i not in self.order[name]]

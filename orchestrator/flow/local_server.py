@@ -12,7 +12,10 @@ stopped when the run ends; with PREFECT_API_URL set, that server is used and non
 
 Files in the store folder: prefect-server.json (pid, port, versions), prefect-server.lock
 (held while a run looks for or starts a server), prefect-server.lease (a shared lock per
-attached run; the server exits only when it can lock it exclusively, see server_process).
+attached run; the server exits only when it can lock it exclusively, see server_process),
+and prefect.db, the server's database: the project's flow runs, as mlruns/ holds its MLflow
+runs, so that its UI shows this project's runs only (unless PREFECT_HOME or
+PREFECT_API_DATABASE_CONNECTION_URL is set: that database then, as Prefect would).
 """
 
 from __future__ import annotations
@@ -153,7 +156,9 @@ def forget_server(home: Path, pid: int) -> None:
 _NOT_IDENTITY = ("PREFECT_API_URL", "PREFECT_CLIENT_", "PREFECT_LOGGING_")
 # what server_process serves; bumped when that changes, so that a run never attaches to a
 # server of an older orchestrator (one without the UI, before 2)
-DAEMON_REVISION = "2"
+DAEMON_REVISION = "3"  # 3: its database in the project (DATABASE_FILE)
+DATABASE_FILE = "prefect.db"
+DATABASE_ENV = "PREFECT_API_DATABASE_CONNECTION_URL"
 
 
 def _identity() -> dict[str, str]:
@@ -311,6 +316,7 @@ def _spawn(home: Path, idle_s: float, log: IO[bytes],
            # the UI's pages call this server's API (Prefect would guess port 4200)
            "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api"}
     env.pop("PREFECT_API_URL", None)
+    env.update(database_env(home))
     process = subprocess.Popen(
         [sys.executable, "-m", "orchestrator.flow.server_process", "--port", str(port),
          "--idle", str(idle_s), "--home", str(home), "--parent", str(os.getpid())],
@@ -319,6 +325,14 @@ def _spawn(home: Path, idle_s: float, log: IO[bytes],
         # a server for one run is stopped by the run (or notices it is gone, see --parent)
         start_new_session=True)
     return process, port
+
+
+def database_env(home: Path) -> dict[str, str]:
+    """The server's database in `home` (the project's), unless the environment names one
+    (PREFECT_API_DATABASE_CONNECTION_URL) or a PREFECT_HOME that holds it."""
+    if os.environ.get(DATABASE_ENV) or os.environ.get("PREFECT_HOME"):
+        return {}
+    return {DATABASE_ENV: f"sqlite+aiosqlite:///{Path(os.path.abspath(home)) / DATABASE_FILE}"}
 
 
 def _attach_or_start(home: Path, idle_s: float, port: int | None = None) -> LocalServer:

@@ -69,6 +69,7 @@ class _Check:
     order: int  # headline priority when every budget holds (lower first)
     value: float = 0.0  # among checks of one order, the lowest value is the headline
     kind: str = OUTPUT  # the budget it checks (Violation.kind)
+    against: str = ""  # the figure beside its bound, e.g. "SQNR 41.2 dB (out) ≥ 39 dB"
 
 
 def _outputs(metrics: Mapping[str, Any]) -> dict[str, dict[str, float]]:
@@ -86,7 +87,8 @@ def _at_least(name: str, figure: str, value: float, limit: float, unit: float, o
     text = f"{figure} {value:{fmt}}"
     short = max(0.0, limit - value)
     return _Check(text, f"{text} < {name} {limit:g}" if value < limit else None,
-                  short / unit, order, value, kind)
+                  short / unit, order, value, kind,
+                  f"{text} {'<' if value < limit else '≥'} {limit:g}")
 
 
 def _at_most(name: str, figure: str, value: float, limit: float, unit: float, order: int,
@@ -94,11 +96,12 @@ def _at_most(name: str, figure: str, value: float, limit: float, unit: float, or
     text = f"{figure} {value:{fmt}}"
     over = max(0.0, value - limit)
     return _Check(text, f"{text} > {name} {limit:g}" if value > limit else None,
-                  over / unit, order, -value, kind)
+                  over / unit, order, -value, kind,
+                  f"{text} {'>' if value > limit else '≤'} {limit:g}")
 
 
 def _missing(text: str, order: int, kind: str) -> _Check:
-    return _Check(text, text, _NOT_MEASURED, order, kind=kind)
+    return _Check(text, text, _NOT_MEASURED, order, kind=kind, against=text)
 
 
 def _checks(metrics: Mapping[str, Any], budgets: Any) -> list[_Check]:
@@ -140,7 +143,8 @@ def _sqnr(output: str, figures: Mapping[str, float], limit: float,
     value = figures["sqnr_db"]
     text = f"SQNR {value:.1f} dB ({output})"
     return _Check(text, f"{text} < {name} {limit:g}" if value < limit else None,
-                  max(0.0, limit - value) / _SQNR_UNIT_DB, 1, value, SQNR)
+                  max(0.0, limit - value) / _SQNR_UNIT_DB, 1, value, SQNR,
+                  f"{output} SQNR {value:.1f} dB {'<' if value < limit else '≥'} {limit:g} dB")
 
 
 def _output_checks(name: str, budget: Any, outputs: Mapping[str, Mapping[str, float]]
@@ -189,6 +193,13 @@ def quality_shortfall(metrics: Mapping[str, Any], budgets: Any) -> float:
     in units of 0.01 (accuracy drop, fidelity, agreement), 1 dB (SQNR), 0.001 (cosine) or the
     limit itself (max abs error): comparable between two trials of one pipeline."""
     return float(sum(c.shortfall for c in _checks(metrics, budgets)))
+
+
+def quality_against_budgets(metrics: Mapping[str, Any], budgets: Any) -> list[str]:
+    """Every quality budget's figure beside its bound, in the order the budgets are
+    checked, e.g. ["accuracy drop 0.0040 ≤ 0.01", "output_0 SQNR 41.2 dB ≥ 39 dB"]: what
+    a guard trial met or broke (a "not measured" message where the figure is missing)."""
+    return [c.against for c in _checks(metrics, budgets)]
 
 
 def quality_headline(metrics: Mapping[str, Any], budgets: Any) -> str:
@@ -292,8 +303,9 @@ def check_budgets(variant: Mapping[str, Any], budgets: Any, est_latency_ms: floa
     minimum = getattr(budgets, "min_device_agreement", None)
     if minimum is not None:
         # the class outputs' top-1 agreement, else the energy fidelity of the others
-        agreement = (on_device or {}).get("top1_agreement", (on_device or {}).get(
-            "fidelity"))
+        board = on_device or {}  # agreement_with_host; an older report's `fidelity`
+        agreement = board.get("top1_agreement", board.get("agreement_with_host",
+                                                          board.get("fidelity")))
         if agreement is None:
             reason = (on_device or {}).get("reason") or "add connect: to the target"
             violations.append(Violation(f"device agreement not measured: {reason}", FIDELITY))

@@ -48,7 +48,7 @@ from typing import Any
 from orchestrator.formatting import format_ms
 from orchestrator.spec.devices import Device, core_flops_per_second
 
-__all__ = ["Estimate", "estimate", "basis", "SPREAD_WARN"]
+__all__ = ["Estimate", "estimate", "basis", "SPREAD_WARN", "timings_spread"]
 
 RUNTIME_OPS = {"tensorflow": "graph nodes", "litert": "operators"}
 RUNTIME_NAMES = {"tensorflow": "TF session", "litert": "LiteRT interpreter"}
@@ -171,9 +171,9 @@ def estimate(flops: float | None, device: Device, precision: str = "float32",
     method = (f"{compute_text} + {format_ms(overhead_ms)} runtime overhead "
               f"({format_ms(overhead_host)} on this host ×{slowdown:.3g} for a {cpu}, one "
               f"core against this host's; {probe}; {mine}{why})")
-    if host_ms > 0 and p50 / host_ms > SPREAD_WARN:
-        method += (f"; host timings spread (p50 {p50 / host_ms:.3g}× the fastest run): rerun "
-                   "on a quiet machine for a firmer estimate")
+    spread = timings_spread(p50, host_ms)
+    if spread is not None:
+        method += f"; {spread}: rerun on a quiet machine for a firmer estimate"
     summary = (f"{compute_text} + {format_ms(overhead_ms)} runtime overhead "
                f"({format_ms(overhead_host)} on this host ×{slowdown:.3g} for a {cpu})")
     return Estimate(latency_ms=compute_ms + overhead_ms, method=method, summary=summary,
@@ -183,6 +183,15 @@ def estimate(flops: float | None, device: Device, precision: str = "float32",
                     per_op_ms=None if per_op is None else per_op * slowdown,
                     ops=ops, runtime=None if runtime is None else str(runtime),
                     ceiling_applied=capped, host_cv=None if cv is None else round(cv, 4))
+
+
+def timings_spread(p50_ms: float, fastest_ms: float) -> str | None:
+    """`host timings spread (p50 N× the fastest run)` where the median run is over
+    SPREAD_WARN times the fastest (other processes slowed the runs), else None: the one rule
+    a run's estimate and `orchestrator benchmark` warn by."""
+    if fastest_ms > 0 and p50_ms / fastest_ms > SPREAD_WARN:
+        return f"host timings spread (p50 {p50_ms / fastest_ms:.3g}× the fastest run)"
+    return None
 
 
 def _flops(value: float) -> str:

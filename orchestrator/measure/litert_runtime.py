@@ -1,8 +1,10 @@
 """Run a `.tflite` model with LiteRT's interpreter, behind GraphRunner's interface.
 
 benchmark, evaluate and the guard take a runner from `tf_runtime.open_runner` and never ask
-which kind it is. Inputs and outputs are matched to the artifact's signature by name (the
-converter keeps the graph's node names), else by position. A model with int8 edges
+which kind it is. Inputs and outputs are matched to the artifact's by name: through the
+file's signature (convert_tflite writes one naming the graph's tensors), else by the
+tensors' own names, and only when neither tells (names stripped) by position: the converter
+does not keep a graph's output order. A model with int8 edges
 (`convert_tflite io: int8`) is fed float data quantized with its input's scale and zero
 point, and its outputs are dequantized: callers always see float, as with a graph.
 """
@@ -14,8 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from orchestrator.model.artifact import node_name
-from orchestrator.model.litert_model import interpreter
+from orchestrator.model.litert_model import in_order, interpreter, signature_map
 
 if TYPE_CHECKING:
     from orchestrator.model.artifact import ModelArtifact
@@ -28,10 +29,10 @@ class LiteRTRunner:
         assert artifact.payload is not None
         self.interpreter = interpreter(artifact.payload, num_threads=num_threads)
         self.num_threads = num_threads
-        self.inputs = _in_signature_order(self.interpreter.get_input_details(),
-                                          artifact.input_names)
-        self.outputs = _in_signature_order(self.interpreter.get_output_details(),
-                                           list(artifact.outputs))
+        self.inputs = in_order(self.interpreter.get_input_details(), artifact.input_names,
+                               signature_map(self.interpreter, "inputs"))
+        self.outputs = in_order(self.interpreter.get_output_details(), list(artifact.outputs),
+                                signature_map(self.interpreter, "outputs"))
 
     def __enter__(self) -> LiteRTRunner:
         return self
@@ -115,17 +116,6 @@ class LiteRTRunner:
 
 NO_PROFILE_NOTE = ("LiteRT's Python interpreter has no per-op profiler; run LiteRT's C++ "
                    "benchmark_model with --enable_op_profiling for one")
-
-
-def _in_signature_order(details: list[dict[str, Any]], names: Sequence[str]
-                        ) -> list[dict[str, Any]]:
-    """The interpreter's tensors in the order of `names`: by node name when every name is
-    found, else in the interpreter's own order."""
-    by_name = {node_name(d["name"]): d for d in details}
-    wanted = [node_name(n) for n in names]
-    if len(details) == len(names) and all(n in by_name for n in wanted):
-        return [by_name[n] for n in wanted]
-    return list(details)
 
 
 def _refreshed(details: list[dict[str, Any]], old: list[dict[str, Any]]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +68,129 @@ def interpreter(data: bytes, num_threads: int | None = None, allocate: bool = Tr
         raise ModelSourceError(f"LiteRT cannot load this .tflite file (corrupt or "
                                f"truncated?): {_first_line(exc)}") from exc
     return runner
+
+
+SIGNATURE_KEY = "serving_default"
+
+
+def signature_name(ref: str) -> str:
+    """The name a graph tensor `ref` goes by in a `.tflite`'s signature: its node name for
+    output 0 (`Identity`, `Identity:0`), `node:k` for another output (`split:2`), so that
+    every output of a multi-output op keeps a name of its own."""
+    ref = ref.lstrip("^")
+    return ref[:-2] if ref.endswith(":0") else ref
+
+
+def signature_map(runner: Any, side: str) -> dict[str, int]:
+    """The model's signature (`serving_default`, else the only one), `side` ("inputs" or
+    "outputs"): name -> tensor index; empty without one (a file whose names were stripped)."""
+    try:
+        signatures = runner._get_full_signature_list()  # noqa: SLF001  (name -> index)
+    except (AttributeError, RuntimeError, ValueError):
+        return {}
+    key = SIGNATURE_KEY if SIGNATURE_KEY in signatures else (
+        next(iter(signatures)) if len(signatures) == 1 else None)
+    if key is None:
+        return {}
+    return {str(name): int(index) for name, index in (signatures[key].get(side) or {}).items()}
+
+
+def in_order(details: list[dict[str, Any]], names: Sequence[str],
+             signature: Mapping[str, int]) -> list[dict[str, Any]]:
+    """The interpreter's input or output `details` in the order of the graph tensors
+    `names`: through the model's signature by name, else by each tensor's own name, else
+    (names stripped, or not the converter's) in the interpreter's order. The converter
+    does not keep a graph's output order, so position is the last resort."""
+    if len(details) != len(names):
+        return list(details)
+    wanted = [signature_name(n) for n in names]
+    by_index = {int(d["index"]): d for d in details}
+    if all(n in signature for n in wanted) and len({signature[n] for n in wanted}) == len(
+            wanted) and all(signature[n] in by_index for n in wanted):
+        return [by_index[signature[n]] for n in wanted]
+    by_name = {signature_name(str(d["name"])): d for d in details}
+    if len(by_name) == len(details) and all(n in by_name for n in wanted):
+        return [by_name[n] for n in wanted]
+    return list(details)
+
+
+def with_signature(flatbuffer: bytes, inputs: Sequence[str], outputs: Sequence[str],
+                   output_shapes: Sequence[Sequence[int | None] | None] | None = None,
+                   replace: bool = False) -> bytes:
+    """`flatbuffer` with its main subgraph's inputs and outputs in the order of the graph
+    tensors `inputs` and `outputs`, and a `serving_default` signature naming them as the
+    graph does (`signature_name`), so that a runtime and an app find each by name, not
+    position. A model with a signature keeps it unless `replace`.
+
+    Each graph tensor is found by the converted tensor's own name; where names do not
+    tell, by its shape (`output_shapes`, the graph's, None for an unknown dimension) when
+    exactly one converted output has it, else by position. A found output whose shape
+    disagrees with the graph's is a ValueError (the converter changed the model)."""
+    from ai_edge_litert import schema_py_generated as schema
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(flatbuffer))
+    if (model.signatureDefs and not replace) or not model.subgraphs:
+        return flatbuffer
+    subgraph = model.subgraphs[0]
+
+    def name(index: int) -> str:
+        raw = subgraph.tensors[index].name
+        return raw.decode() if isinstance(raw, bytes) else str(raw or "")
+
+    def shape(index: int) -> list[int | None]:
+        tensor = subgraph.tensors[index]
+        dims = tensor.shapeSignature if tensor.shapeSignature is not None and len(
+            tensor.shapeSignature) else tensor.shape
+        return [None if int(d) < 0 else int(d) for d in (dims if dims is not None else [])]
+
+    def ordered(indices: Any, names: Sequence[str],
+                shapes: Sequence[Sequence[int | None] | None] | None) -> list[int] | None:
+        indices = [int(i) for i in (indices if indices is not None else [])]
+        if len(indices) != len(names):
+            return None
+        by_name = {signature_name(name(i)): i for i in indices}
+        found: list[int | None] = [by_name.get(signature_name(n)) for n in names]
+        if shapes is not None and len(shapes) == len(names):
+            for k, wanted in enumerate(shapes):
+                if found[k] is not None or wanted is None:
+                    continue
+                fits = [i for i in indices if i not in found and _fits(shape(i), wanted)]
+                if len(fits) == 1:
+                    found[k] = fits[0]
+        if any(f is None for f in found):  # names and shapes do not tell: by position
+            found = [f if f is not None else i for f, i in zip(found, indices, strict=True)]
+            if len(set(found)) != len(found):
+                found = list(indices)
+        if shapes is not None and len(shapes) == len(names):
+            for n, i, wanted in zip(names, found, shapes, strict=True):
+                if wanted is not None and not _fits(shape(int(i)), wanted):
+                    raise ValueError(
+                        f"the converted model's output {name(int(i))!r} has shape "
+                        f"{shape(int(i))}, the graph's {n!r} {list(wanted)}: no output of "
+                        "the .tflite matches it by name or shape")
+        return [int(f) for f in found]  # type: ignore[arg-type]
+
+    ins = ordered(subgraph.inputs, list(inputs), None)
+    outs = ordered(subgraph.outputs, list(outputs), output_shapes)
+    if ins is None or outs is None:  # not the graph's count: name what the file has
+        ins = [int(i) for i in subgraph.inputs]
+        outs = [int(i) for i in subgraph.outputs]
+        inputs, outputs = [name(i) for i in ins], [name(i) for i in outs]
+    subgraph.inputs, subgraph.outputs = list(ins), list(outs)
+    model.signatureDefs = [schema.SignatureDefT(
+        inputs=[schema.TensorMapT(name=signature_name(n), tensorIndex=i)
+                for n, i in zip(inputs, ins, strict=True)],
+        outputs=[schema.TensorMapT(name=signature_name(n), tensorIndex=i)
+                 for n, i in zip(outputs, outs, strict=True)],
+        signatureKey=SIGNATURE_KEY, subgraphIndex=0)]
+    return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+
+
+def _fits(shape: Sequence[int | None], wanted: Sequence[int | None]) -> bool:
+    """Whether a tensor's shape can be the graph's `wanted` (unknown dimensions fit any)."""
+    return len(shape) == len(wanted) and all(
+        a is None or b is None or a == b for a, b in zip(shape, wanted, strict=True))
 
 
 def describe(data: bytes) -> LiteRTFacts:

@@ -103,28 +103,14 @@ def _weight_bits(scheme: str) -> int:
 
 def with_signature(float_model: bytes, inputs: list[str], outputs: list[str]) -> bytes:
     """`float_model` with a `serving_default` signature over its inputs and outputs, named
-    as the graph named them, when it has none (a conversion from a frozen graph makes
-    none): the quantizer feeds and compares a model through its signature, and an app
-    finds the shipped file's tensors by these names."""
-    from ai_edge_litert import schema_py_generated as schema
-    from ai_edge_litert.tools import flatbuffer_utils
+    as the graph named them (litert_model.signature_name: `node`, or `node:k` for another
+    output of a multi-output op), when it has none (convert_tflite writes one; a file
+    whose names were stripped has none): the quantizer feeds and compares a model through
+    its signature, and an app and the runtime find the shipped file's tensors by these
+    names, not their position."""
+    from orchestrator.model.litert_model import with_signature as signed
 
-    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(float_model))
-    if model.signatureDefs:
-        return float_model
-    subgraph = model.subgraphs[0]
-
-    def tensors(indices: Any, names: list[str]) -> list[Any]:
-        indices = [int(i) for i in indices]
-        if len(names) != len(indices):
-            names = [subgraph.tensors[i].name.decode() for i in indices]
-        return [schema.TensorMapT(name=name, tensorIndex=i)
-                for name, i in zip(names, indices, strict=True)]
-
-    model.signatureDefs = [schema.SignatureDefT(
-        inputs=tensors(subgraph.inputs, inputs), outputs=tensors(subgraph.outputs, outputs),
-        signatureKey="serving_default", subgraphIndex=0)]
-    return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+    return signed(float_model, inputs, outputs)
 
 
 def signature(float_model: bytes) -> tuple[str, list[str]]:

@@ -240,6 +240,21 @@ def check_connections(recipe: Recipe, stages: Mapping[str, list[tuple[str, BaseM
         except DeviceURLError as exc:
             errors.append(make_error(RecipeError, str(exc), path,
                                      ("targets", index, "connect"), marks))
+    for name, pipeline in recipe.pipelines.items():  # `measure_on_device:` of a pipeline
+        chosen = pipeline.measure_on_device
+        unknown = [t for t in chosen if t not in connected] if isinstance(chosen, list) else []
+        listed = [i for i, (s, _) in enumerate(stages.get(name, [])) if s == "measure_on_device"]
+        if unknown:
+            errors.append(make_error(
+                RecipeError, f"measure_on_device: {', '.join(map(repr, unknown))}: no "
+                "such target with a board (" + (f"targets with connect: {', '.join(connected)}"
+                                            if connected else "no target has connect:") + ")",
+                path, ("pipelines", name, "measure_on_device"), marks))
+        elif chosen is False and listed:
+            errors.append(make_error(
+                RecipeError, "measure_on_device: false, but the pipeline lists a "
+                "measure_on_device stage: remove one or the other", path,
+                ("pipelines", name, "stages", listed[0]), marks))
     for name, found in stages.items():
         for index, (stage, params) in enumerate(found):
             target = getattr(params, "target", None)

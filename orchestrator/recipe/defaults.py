@@ -127,7 +127,9 @@ def add_default_stages(recipe: Recipe, stages: dict[str, list[tuple[str, BaseMod
 def add_device_measurements(recipe: Recipe, stages: dict[str, list[tuple[str, BaseModel]]]
                             ) -> dict[str, list[int]]:
     """Every pipeline measured on every target's board (`connect:`), at its end, unless it
-    lists measure_on_device for that target itself; a listed one gets the target's URL."""
+    lists measure_on_device for that target itself or keeps the target's board off
+    (`measure_on_device: false`, or a list of the targets that measure it); a listed stage
+    gets the target's URL."""
     from orchestrator.stages import get_stage
 
     connect = {t.name: t.connect for t in recipe.targets if t.connect is not None}
@@ -142,8 +144,65 @@ def add_device_measurements(recipe: Recipe, stages: dict[str, list[tuple[str, Ba
                 if getattr(params, "connect", None) is None and target in connect:
                     entries[index] = (stage, params.model_copy(
                         update={"connect": connect[target]}))
+        chosen = recipe.pipelines[name].measure_on_device if name in recipe.pipelines else None
         for target, url in connect.items():
-            if target not in listed:
+            if target not in listed and (chosen in (None, True) or (
+                    isinstance(chosen, list) and target in chosen)):
                 entries.append((DEVICE_STAGE, params_type(target=target, connect=url)))
                 added.setdefault(name, []).append(len(entries) - 1)
     return added
+
+
+def _emulated_has_tensorflow() -> bool | None:
+    """Whether the emulated board built on this host carries TensorFlow (None: not built);
+    read from its folder, without starting it."""
+    import json
+
+    from orchestrator.devices.emulated_board import board_folder
+
+    try:
+        facts = json.loads((board_folder() / "board.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return bool(facts.get("tensorflow"))
+
+
+def board_limits(recipe: Recipe, stages: Mapping[str, list[tuple[str, BaseModel]]]
+                 ) -> list[str]:
+    """What `validate` says of the variants a target's board cannot run, known from the
+    recipe alone: a memmapped package (no board runs one), a GraphDef where the board has
+    no TensorFlow (the emulated board says so from its folder; an SSH board may have it).
+    One line per board and reason, naming the pipelines and the way out."""
+    import shlex
+
+    from orchestrator.devices.measurement import prepare_command
+    from orchestrator.devices.urls import DeviceURLError, parse_device_url
+
+    kinds = shipped_kinds(recipe, stages)
+    found: dict[tuple[str, str], list[str]] = {}
+    for name, entries in stages.items():
+        for stage, params in entries:
+            where = getattr(params, "connect", None)
+            if stage != DEVICE_STAGE or where is None:
+                continue
+            try:
+                url = parse_device_url(where)
+            except DeviceURLError:
+                continue  # check_connections said so at its line
+            board = f"{params.target} ({shlex.quote(where)})"
+            kind = kinds.get(name, ("graphdef", False))[0]
+            if kind == "memmapped":
+                why = ("cannot run {}: a memmapped package runs on no board (its graph is "
+                       "measured in the pipeline before memmap)")
+            elif kind == "graphdef" and url.emulated and _emulated_has_tensorflow() is False:
+                why = ("cannot run {}: a GraphDef needs TensorFlow there, which it has not "
+                       f"(`{prepare_command(where, 'tensorflow')}` adds it: 1.5 GB)")
+            elif kind == "graphdef" and not url.emulated:
+                why = ("runs {} only with TensorFlow there: a GraphDef (`orchestrator device "
+                       f"check {shlex.quote(where)}` says if it has it; "
+                       f"`{prepare_command(where, 'tensorflow')}` adds it)")
+            else:
+                continue
+            found.setdefault((board, why), []).append(name)
+    return [f"{board} {why.format(', '.join(names))}; `measure_on_device: false` in a "
+            "pipeline keeps the board off it" for (board, why), names in found.items()]

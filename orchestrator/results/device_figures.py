@@ -15,7 +15,14 @@ from orchestrator.formatting import format_ms, format_number
 EMULATED_NOTE = ("emulated: qemu runs the Arm kernels, so accuracy and agreement are the "
                  "board's; its timings are qemu's, not the core's, and decide nothing")
 COLUMNS = ("variant", "p50 (threads)", "first run", "load, memory", "accuracy (host)",
-           "top-1 agreement", "max abs diff", "cv")
+           "fidelity", "agreement with host", "max abs diff", "cv")
+# the page's table: every target's rows in one
+PAGE_COLUMNS = ("target", "where", "variant", "board", *COLUMNS[1:], "note")
+FIGURES_NOTE = ("accuracy: of the board's outputs (this host's, same file); fidelity: the "
+                "board's outputs against the float source model's, as evaluate measures it "
+                "on this host; agreement with host (top-1, else 1 - noise/signal energy), "
+                "max abs diff: the board's outputs against this host's for the same file; "
+                "cv: std/mean of the timed runs")
 
 
 def connected_targets(report: Mapping[str, Any]) -> list[str]:
@@ -55,14 +62,41 @@ def device_rows(report: Mapping[str, Any]) -> list[dict[str, str]]:
                     f", +{load['rss_growth_mb']:.1f} MiB" if "rss_growth_mb" in load else ""),
                 "accuracy (host)": f"{format_number(measured.get('accuracy'), '.4f')} ("
                                    f"{format_number(measured.get('host_accuracy'), '.4f')})",
-                "top-1 agreement": format_number(measured.get("top1_agreement"), ".4f")
-                if measured.get("top1_agreement") is not None else
-                f"- (fidelity {format_number(measured.get('fidelity'), '.4f')})",
+                "fidelity": format_number(_source_fidelity(measured), ".4f"),
+                "agreement with host": format_number(_with_host(measured), ".4f"),
                 "max abs diff": "-" if worst is None else f"{worst:.3g}",
                 "cv": format_number(latency.get("cv"), ".2f"),
-                "note": "emulated" if emulated else ""})
+                "note": ", ".join(filter(None, (
+                    "emulated" if emulated else "",
+                    f"threads capped at the board's {board.get('cores')} cores (asked "
+                    f"{measured['threads_capped_from']})"
+                    if measured.get("threads_capped_from") else "")))})
             rows.append(row)
     return rows
+
+
+def _source_fidelity(measured: Mapping[str, Any]) -> float | None:
+    """Fidelity to the float source model (before issue 39 a report's board `fidelity` was
+    its agreement with this host: not shown as fidelity)."""
+    return measured.get("fidelity") if "agreement_with_host" in measured else None
+
+
+def _with_host(measured: Mapping[str, Any]) -> float | None:
+    return measured.get("top1_agreement", measured.get("agreement_with_host",
+                                                       measured.get("fidelity")))
+
+
+def capped_lines(report: Mapping[str, Any], target: str) -> list[str]:
+    """Where the board has fewer cores than the thread settings asked: what it timed."""
+    lines = []
+    for name, variant in report.get("variants", {}).items():
+        measured = (variant.get("targets", {}).get(target) or {}).get("measured") or {}
+        if measured.get("threads_capped_from"):
+            timed = ", ".join(str(row["threads"]) for row in measured.get("threads_matrix", []))
+            lines.append(f"{name}: threads capped at the board's "
+                         f"{(measured.get('board') or {}).get('cores')} cores (asked up to "
+                         f"{measured['threads_capped_from']}; timed {timed})")
+    return lines
 
 
 def print_device_table(report: Mapping[str, Any], console: Any, prose: Mapping[str, Any]
@@ -96,10 +130,9 @@ def print_device_table(report: Mapping[str, Any], console: Any, prose: Mapping[s
             if row not in measured:
                 unmeasured.setdefault(row["note"], []).append(row["variant"])
         notes = [f"{', '.join(names)}: {why}" for why, names in unmeasured.items()]
+        notes += capped_lines(report, target)
         if measured:
-            notes.append("accuracy: of the board's outputs (this host's, same file); top-1 "
-                         "agreement, max abs diff: the board's outputs against this host's "
-                         "for the same file; cv: std/mean of the timed runs")
+            notes.append(FIGURES_NOTE)
         if emulated:
             notes.append(EMULATED_NOTE)
         basis = (report.get("selection_basis") or {}).get(target)

@@ -1,13 +1,20 @@
 """A run's output folder belongs to one recipe and holds one run's outputs.
 
-`.orchestrator-recipe` in the folder (JSON: the recipe's name and path) names the recipe
-that owns it. A run of another recipe there, or into a folder of other files, is exit 2
-before anything is written, unless `--force`. A run replaces the folder's contents whole:
-the outputs are built in a hidden folder inside it, then, with Ctrl-C held, the old
-entries move out and the new ones in (renames within one folder), so that the folder holds
-the previous run's outputs or this run's, never a mix of the two; stale files of earlier
-runs (a variant since removed from the recipe, a picture no longer drawn) do not survive.
-A failed run leaves none of its folder's outputs: a stale report.json must not pass for it.
+`.orchestrator-recipe` in the folder (JSON: the recipe's name and path, and when that run
+wrote the folder) names the recipe that owns it. A run of another recipe there, or into a
+folder of other files, is exit 2 before anything is written, unless `--force`. A run
+replaces the folder's contents whole: the outputs are built in a hidden `.staging-*` folder
+inside it, then, with Ctrl-C held, the old entries move out (to `.old-*`) and the new ones
+in (renames within one folder), so that the folder holds the previous run's outputs or this
+run's, never a mix of the two; stale files of earlier runs (a variant since removed from
+the recipe, a picture no longer drawn) do not survive. The previous outputs are removed
+only once the run is recorded: a run that fails, is interrupted (Ctrl-C, SIGTERM) or is
+killed leaves the folder exactly as it was (`held_by`: what it still holds), and a run that
+completes but breaks a budget (exit 1) replaces it.
+
+A run holds a lock (flock) on its working folders while it writes them; the working
+folders of a run that was killed (`kill -9`) are removed by the next run of the folder
+(`remove_leftovers`), never those of a run still writing.
 
 The folder itself is never renamed (a shell whose working directory it is, a mount point
 or a symlink stay valid); a partial run (`--variant`) replaces it whole too, as report.json
@@ -17,6 +24,9 @@ then lists only what that run made.
 from __future__ import annotations
 
 import contextlib
+import datetime
+import errno
+import fcntl
 import json
 import os
 import shutil
@@ -32,6 +42,8 @@ from orchestrator.errors import OutputError
 MARKER = ".orchestrator-recipe"
 # hidden working folders of a run: this one's, or another run's that is still writing
 _WORKING = (".staging-", ".old-", ".orchestrator-probe-", ".history-")
+# those a run builds and swaps its outputs with (locked while in use: remove_leftovers)
+_SWAP_FOLDERS = (".staging-", ".old-")
 # what an earlier version (before the marker) wrote besides a report.json: `history`
 _UNMARKED_OURS = {"history.png"}
 
@@ -195,7 +207,9 @@ def write_marker(folder: Path, owner: Owner, final: Path | None = None) -> None:
     try:
         with open(tmp, "x") as handle:
             json.dump({"recipe": owner.name, "recipe_path": os.path.relpath(
-                owner.path, os.path.abspath(final or folder))}, handle)
+                owner.path, os.path.abspath(final or folder)),
+                "written": datetime.datetime.now(datetime.UTC).strftime(
+                    "%Y-%m-%dT%H:%M:%SZ")}, handle)
             handle.write("\n")
         os.replace(tmp, folder / MARKER)
     except BaseException:
@@ -206,24 +220,30 @@ def write_marker(folder: Path, owner: Owner, final: Path | None = None) -> None:
 
 @contextmanager
 def replacing(folder: Path, owner: Owner) -> Iterator[Path]:
-    """An empty folder to build the run's outputs in; when the block ends without an
-    error, `folder`'s contents are replaced by it, marker included. An OSError of either
-    step is an OutputError naming `folder`; a folder this created is removed on failure."""
+    """An empty hidden folder in `folder` to build the run's outputs in; when the block
+    ends without an error, `folder`'s contents are replaced by it, marker included (the
+    block records the run from there first: the swap is the last step). When the block
+    fails, `folder` is as it was before it, untouched. An OSError of either step is an
+    OutputError naming `folder`; a folder this created is removed on failure. First, the
+    working folders a killed run left in `folder` are removed."""
     from orchestrator.paths import describe_os_error
 
     created = not folder.exists()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        built = Path(tempfile.mkdtemp(dir=folder, prefix=".staging-"))
-    except OSError as exc:
-        raise OutputError(f"cannot write the outputs to {folder}: {describe_os_error(exc)}",
-                          file=str(folder)) from exc
+    locks: list[int] = []
     done = False
     try:
         try:
+            folder.mkdir(parents=True, exist_ok=True)
+            remove_leftovers(folder)
+            built = _working_folder(folder, ".staging-", locks)
+        except OSError as exc:
+            raise OutputError(f"cannot write the outputs to {folder}: "
+                              f"{describe_os_error(exc)}", file=str(folder)) from exc
+        try:
             yield built
             write_marker(built, owner, final=folder)
-            _swap_in(folder, built)
+            old = _working_folder(folder, ".old-", locks)
+            _swap_in(folder, built, old)
             done = True
         except OutputError as exc:  # name the folder the user gave, not our hidden one
             raise OutputError(exc.message.replace(str(built), str(folder)),
@@ -232,65 +252,122 @@ def replacing(folder: Path, owner: Owner) -> Iterator[Path]:
             raise OutputError(f"cannot write the outputs to {folder}: "
                               f"{describe_os_error(exc)}", file=str(folder)) from exc
     finally:
-        shutil.rmtree(built, ignore_errors=True)
+        for name in os.listdir(folder) if locks else ():
+            if name.startswith(_SWAP_FOLDERS) and any(
+                    os.path.samestat(os.fstat(fd), os.lstat(folder / name)) for fd in locks):
+                shutil.rmtree(folder / name, ignore_errors=True)  # ours: built and old
+        for fd in locks:
+            os.close(fd)  # the lock goes with it
         if created and not done:
             with contextlib.suppress(OSError):
                 folder.rmdir()
 
 
-def _swap_in(folder: Path, built: Path) -> None:
-    """Move `folder`'s entries out (report.json first) and `built`'s in (report.json
-    last), with Ctrl-C held; a rename that fails puts back what had moved."""
+def _working_folder(folder: Path, prefix: str, locks: list[int]) -> Path:
+    """A new hidden folder in `folder`, locked (flock on the folder itself) while this
+    process lives, so that no other run takes it for a killed run's leftover; its lock's
+    descriptor appended to `locks`. Where flock is not supported, unlocked (and then never
+    removed by another run)."""
+    while True:
+        path = Path(tempfile.mkdtemp(dir=folder, prefix=prefix))
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):  # being removed as ours
+                os.close(fd)
+                continue
+        try:
+            alive = os.path.samestat(os.fstat(fd), os.stat(path))
+        except OSError:
+            alive = False
+        if alive:  # not removed between its making and its lock
+            locks.append(fd)
+            return path
+        os.close(fd)
+
+
+def remove_leftovers(folder: Path) -> list[str]:
+    """Remove the `.staging-*` and `.old-*` folders in `folder` that no live process
+    holds (a run killed mid-way left them); the names removed. A run's own, still in use,
+    is locked and stays."""
+    removed = []
+    try:
+        names = [name for name in os.listdir(folder) if name.startswith(_SWAP_FOLDERS)]
+    except OSError:
+        return removed
+    for name in names:
+        path = folder / name
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            continue  # not a folder (a file of ours is inside one), or gone
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue  # in use by a run (or no flock here: left alone)
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(name)
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _swap_in(folder: Path, built: Path, old: Path) -> None:
+    """Move `folder`'s entries into `old` (report.json first) and `built`'s in
+    (report.json last), with Ctrl-C held; a rename that fails puts back what had moved."""
     from orchestrator.cache.store import interrupts_deferred
 
-    old = Path(tempfile.mkdtemp(dir=folder, prefix=".old-"))
     outgoing = sorted(_entries(folder), key=lambda name: name != "report.json")
     if (folder / MARKER).exists():
         outgoing.append(MARKER)
     incoming = sorted(os.listdir(built), key=lambda name: name == "report.json")
     moved: list[tuple[Path, Path]] = []
-    try:
-        with interrupts_deferred():
-            try:
-                for name in outgoing:
-                    os.rename(folder / name, old / name)
-                    moved.append((folder / name, old / name))
-                for name in incoming:
-                    os.rename(built / name, folder / name)
-                    moved.append((built / name, folder / name))
-            except OSError:
-                for source, target in reversed(moved):
-                    with contextlib.suppress(OSError):
-                        os.rename(target, source)
-                raise
-    finally:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def discard(folder: Path, owner: Owner) -> None:
-    """After a failed run: none of the folder's outputs stay, nor its marker (a failed run
-    leaves nothing behind; an empty folder belongs to no recipe). A folder of another
-    recipe's (a forced run) loses what its report.json lists, as before the marker."""
-    from orchestrator.cache.store import interrupts_deferred
-    from orchestrator.results.report import discard_outputs
-
-    if not _same_recipe(read_owner(folder), owner):
-        discard_outputs(folder)
-        return
-    try:
-        old = Path(tempfile.mkdtemp(dir=folder, prefix=".old-"))
-    except OSError:
-        discard_outputs(folder)  # cannot write there: remove what it can
-        return
-    try:
-        with interrupts_deferred():
-            for name in sorted(_entries(folder), key=lambda name: name != "report.json"):
+    with interrupts_deferred():
+        try:
+            for name in outgoing:
+                os.rename(folder / name, old / name)
+                moved.append((folder / name, old / name))
+            for name in incoming:
+                os.rename(built / name, folder / name)
+                moved.append((built / name, folder / name))
+        except OSError:
+            for source, target in reversed(moved):
                 with contextlib.suppress(OSError):
-                    os.rename(folder / name, old / name)
-            with contextlib.suppress(OSError):  # the marker last: the outputs went first
-                os.rename(folder / MARKER, old / MARKER)
-    finally:
-        shutil.rmtree(old, ignore_errors=True)
+                    os.rename(target, source)
+            raise
+
+
+def held_by(folder: Path) -> str:
+    """What `folder` holds after a run that failed or was interrupted (it leaves the folder
+    as it was): `out/mnv3 still holds the run of 2026-11-29 05:40 UTC`, or that nothing
+    was written to it."""
+    shown = _short(str(folder))
+    try:
+        entries = _entries(folder) if folder.is_dir() else []
+    except OSError:
+        entries = []
+    if not entries:
+        return f"nothing was written to {shown}"
+    when = _written(folder)
+    if when is None:
+        return f"{shown} is as it was"
+    return f"{shown} still holds the run of {when:%Y-%m-%d %H:%M} UTC"
+
+
+def _written(folder: Path) -> datetime.datetime | None:
+    """When the run that `folder` holds wrote it: its marker says (else its report.json's
+    time)."""
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
+        written = json.loads((folder / MARKER).read_text())["written"]
+        return datetime.datetime.strptime(written, "%Y-%m-%dT%H:%M:%SZ").replace(
+            tzinfo=datetime.UTC)
+    with contextlib.suppress(OSError):
+        return datetime.datetime.fromtimestamp((folder / "report.json").stat().st_mtime,
+                                               datetime.UTC)
+    return None
 
 
 def check_output_owner(out_dir: Path, recipe_name: str, recipe_path: Path | str, root: Path,

@@ -53,6 +53,137 @@ def _scope(variant: Mapping[str, Any]) -> str:
     return shared_scope(names)
 
 
+# budget key -> (what it bounds, the comparison, the unit): a budget as a person reads it
+_BUDGET_WORDS = {
+    "max_size_mb": ("size", "≤", " MiB"), "max_ram_mb": ("RAM", "≤", " MiB"),
+    "max_latency_ms": ("latency", "≤", " ms"), "max_accuracy_drop": ("accuracy drop", "≤", ""),
+    "min_fidelity": ("fidelity", "≥", ""),
+    "min_sqnr_db": ("SQNR of every output but class scores", "≥", " dB"),
+    "min_device_agreement": ("top-1 agreement, board against this host", "≥", ""),
+    "min_agreement_with_host": ("top-1 agreement, board against this host", "≥", "")}
+_OUTPUT_BUDGET_WORDS = {"min_sqnr_db": ("SQNR", "≥", " dB"), "min_cosine": ("cosine", "≥", ""),
+                        "max_abs_error": ("abs error", "≤", ""),
+                        "min_agreement": ("agreement", "≥", "")}
+
+
+def _bound(words: tuple[str, str, str], value: Any) -> str:
+    what, compare, unit = words
+    shown = f"{value:g}" if isinstance(value, int | float) else str(value)
+    return f"{what} {compare} {shown}{unit}"
+
+
+def budget_words(budgets: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+    """(recipe key, words) per budget, e.g. ("max_size_mb", "size ≤ 1 MiB"),
+    ("outputs.output_0.min_sqnr_db", "output_0: SQNR ≥ 39 dB"); a key this page does not
+    know is shown as `key: value`."""
+    shown = []
+    for key, value in (budgets or {}).items():
+        if value is None:
+            continue
+        if key == "outputs" and isinstance(value, Mapping):
+            for output, bounds in value.items():
+                for name, bound in (bounds or {}).items() if isinstance(bounds, Mapping) \
+                        else [("", bounds)]:
+                    if bound is None:
+                        continue
+                    words = _OUTPUT_BUDGET_WORDS.get(name)
+                    shown.append((f"outputs.{output}.{name}",
+                                  f"{output}: " + (_bound(words, bound) if words
+                                                   else f"{name}: {bound}")))
+        elif key in _BUDGET_WORDS:
+            shown.append((key, _bound(_BUDGET_WORDS[key], value)))
+        else:
+            shown.append((key, f"{key}: {value}"))
+    return shown
+
+
+def below_host(variant: Mapping[str, Any], target: str, short: bool = False) -> str | None:
+    """Why the estimate for `target` is below what this host measured for the same file
+    (a sentence; `short`: a few words, for a table cell); None where it is not below."""
+    from orchestrator.measure.estimates import SPREAD_WARN
+
+    result = (variant.get("targets") or {}).get(target) or {}
+    made = result.get("estimate") or {}
+    est = result.get("est_latency_ms")
+    p50 = ((variant.get("latency_ms") or {}).get("p50") or made.get("host_p50_ms"))
+    if not isinstance(est, int | float) or not isinstance(p50, int | float) or est >= p50:
+        return None
+    if made.get("ceiling_applied"):
+        int8_tf = variant.get("precision") == "int8" and made.get("runtime") == "tensorflow"
+        if short:
+            return ("below host: x86's 8-bit kernels are slow" if int8_tf
+                    else "below host: host kernel time left out")
+        kernels = ("TF's classic 8-bit kernels, slow on x86 and fast (NEON) on Arm" if int8_tf
+                   else "kernels slower than its matmul probe, which does not carry over "
+                        "to another CPU")
+        return (f"below this host's p50: this host spends most of it in {kernels}; the "
+                "estimate counts the device's own compute instead")
+    fastest = made.get("host_fastest_ms")
+    if isinstance(fastest, int | float) and fastest > 0 and p50 / fastest > SPREAD_WARN:
+        return "below host: its runs were slowed" if short else (
+            f"below this host's p50: the host's runs were slowed (p50 {p50 / fastest:.3g}× "
+            "the fastest run); the estimate reads the fastest")
+    return "below host: a faster device" if short else (
+        "below this host's p50: the device's catalogued speed is above this host's")
+
+
+def below_host_lines(report: Mapping[str, Any]) -> list[str]:
+    """For under the console's table: per reason, the variants whose estimate is below
+    this host's measured p50, and why ("int8, mobile: est. latency below this host's p50
+    (6.36 ms, 4.84 ms): ...")."""
+    from orchestrator.formatting import format_ms
+
+    grouped: dict[str, list[str]] = {}
+    for name, variant in report["variants"].items():
+        reasons = {below_host(variant, t) for t in report.get("selected") or {}} - {None}
+        for reason in sorted(r for r in reasons if r):
+            grouped.setdefault(reason, []).append(name)
+    lines = []
+    for reason, names in grouped.items():
+        p50s = ", ".join(format_ms((report["variants"][n].get("latency_ms") or {}).get("p50"))
+                         for n in names)
+        lines.append(f"{', '.join(names)}: est. latency "
+                     + reason.replace("below this host's p50", f"below this host's p50 ({p50s})",
+                                      1))
+    return lines
+
+
+def method_rows(report: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per variant and target whose estimate says how it was made: the figure,
+    its two terms, the method in a few words, the full method text."""
+    from orchestrator.formatting import format_ms
+    from orchestrator.measure.estimates import RUNTIME_NAMES
+
+    rows = []
+    targets = report.get("targets") or {}
+    for target in report.get("selected") or {}:
+        for name, variant in report["variants"].items():
+            result = variant["targets"].get(target) or {}
+            made = result.get("estimate") or {}
+            if not made.get("method"):
+                continue
+            if made.get("overhead_ms") is None:
+                how = "FLOPs at the device's rate only (no benchmark stage)"
+            else:
+                runtime = RUNTIME_NAMES.get(str(made.get("runtime")), "runtime")
+                how = (f"FLOPs at the device's rate + {runtime} overhead measured here "
+                       f"×{made.get('device_slowdown', 0):.3g}")
+                if made.get("ceiling_applied"):
+                    how += "; this host's extra kernel time left out"
+                if "host timings spread" in made["method"]:
+                    how += "; host timings spread"
+            rows.append({
+                "variant": name, "target": target,
+                "device": (targets.get(target) or {}).get("device") or result.get("device"),
+                "estimate": format_ms(result.get("est_latency_ms")),
+                "compute": format_ms(made.get("compute_ms")),
+                "overhead": format_ms(made.get("overhead_ms")),
+                "host": format_ms((variant.get("latency_ms") or {}).get("p50")),
+                "below_host": below_host(variant, target),
+                "how": how, "method": made["method"]})
+    return rows
+
+
 def _ships(report: Mapping[str, Any], out_dir: Path | None) -> dict[str, dict[str, Any]]:
     """Per target with a selection: the file to ship, linked relative to the page, what it
     is, and the loading docs relative to the page (None when they are not on this disk)."""
@@ -123,20 +254,21 @@ def render(report: Mapping[str, Any], images: Mapping[str, bytes],
     broken = {name: broken_in(v) for name, v in variants.items()}
     budgets = [(report.get("targets") or {}).get(t, {}).get("budgets") or {}
                for t in target_names]
-    methods = [(name, t, v["targets"][t]["estimate"]["method"]) for t in target_names
-               for name, v in variants.items()
-               if (v["targets"][t].get("estimate") or {}).get("method")]
+    methods = method_rows(report)
     # what the RAM column's figures are: one name for all, else each cell names its own
     ram_measures = sorted({ram_measure(v) for v in variants.values()},
                           key=list(RAM_SOURCE_OF).index)
-    from orchestrator.results.device_figures import EMULATED_NOTE, device_rows
+    from orchestrator.results.device_figures import (
+        EMULATED_NOTE,
+        FIGURES_NOTE,
+        PAGE_COLUMNS,
+        device_rows,
+    )
 
     rows = device_rows(report)
     html = template.render(
         device_rows=rows, emulated_note=EMULATED_NOTE[0].upper() + EMULATED_NOTE[1:],
-        device_columns=["target", "where", "variant", "board", "p50 (threads)", "first run",
-                        "load, memory", "accuracy (host)", "top-1 agreement", "max abs diff",
-                        "cv", "note"],
+        device_columns=list(PAGE_COLUMNS), device_note=FIGURES_NOTE[0].upper() + FIGURES_NOTE[1:],
         report=report, target_names=target_names, targets=report.get("targets") or {},
         selected_names=set(filter(None, (report.get("selected") or {}).values())),
         host=hosts[0] if hosts else None, warnings=warnings, diagnostics=diagnostics,
@@ -146,7 +278,9 @@ def render(report: Mapping[str, Any], images: Mapping[str, bytes],
         ram_header=ram_measures[0] if len(ram_measures) == 1 else "see cells",
         ram_mixed=len(ram_measures) > 1, ram_measure=ram_measure,
         ram_notes=[RAM_SOURCE_OF[m] for m in ram_measures], no_targets=NO_TARGETS,
-        methods=methods, method_number={(n, t): i + 1 for i, (n, t, _) in enumerate(methods)},
+        methods=methods, method_number={(m["variant"], m["target"]): i + 1
+                                        for i, m in enumerate(methods)},
+        budget_words=budget_words, below_host=below_host,
         ships=_ships(report, out_dir), size_note=SIZE_UNIT_NOTE, params_note=PARAMS_NOTE,
         pictures=[(title, name) for title, name in PICTURES if name in images],
         images={name: base64.b64encode(png).decode() for name, png in images.items()},

@@ -5,7 +5,8 @@
 - `op_time.png`: measured time per op type per pipeline, from the benchmark's profile
   (pipelines without one, such as LiteRT's, are named in one line instead of a panel);
 - `tradeoff.png`: per target, size against accuracy (or fidelity) of every variant, each
-  coloured by its *estimated* device latency (with a colour bar), the target's budget
+  coloured by its *estimated* device latency (with a colour bar, one scale for every
+  target), the target's budget
   lines, the selected one ringed; each dot at its variant's true size and quality, and
   where dots would hide each other, drawn a few points apart on the screen (the data
   stay put) with one label saying so;
@@ -249,11 +250,13 @@ def tradeoff_figure(report: Mapping[str, Any]) -> Any | None:
     figure, axes = _grid(len(names), width=5.6, height=4.4)
     cmap = pyplot().get_cmap("viridis")
     panels = []
+    # one colour scale for every target: the same colour is the same latency in each panel
+    norm = _norm(v["targets"].get(target, {}).get("est_latency_ms") for target in names
+                 for v in variants.values() if v.get(quality_key) is not None)
     for ax, target in zip(axes, names, strict=True):
         points = [(name, v["size_bytes"] / MIB, float(v[quality_key]),
                    v["targets"].get(target, {}).get("est_latency_ms"))
                   for name, v in variants.items() if v.get(quality_key) is not None]
-        norm = _norm(p[3] for p in points)
         budgets = (targets.get(target) or {}).get("budgets") or {}
         device = (targets.get(target) or {}).get("device") or _device(variants, target)
         handles = [Line2D([], [], linestyle="", marker="o", markersize=13,

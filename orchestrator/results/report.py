@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import re
 import shutil
 import sys
@@ -23,7 +22,6 @@ from orchestrator.engine.plan import Plan
 from orchestrator.errors import OutputError
 from orchestrator.formatting import (
     SIZE_UNIT_NOTE,
-    apart,
     format_count,
     format_ms,
     format_number,
@@ -34,6 +32,7 @@ from orchestrator.measure.budgets import MB, broken_kinds, check_budgets
 from orchestrator.model import kinds
 from orchestrator.paths import describe_os_error
 from orchestrator.results.device_figures import print_device_table
+from orchestrator.results.selection import ESTIMATE_TIE, select, selection_reasons
 
 
 def _merged(outcomes: list[NodeOutcome]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -84,6 +83,15 @@ def without_guard_advice(diagnostic: str) -> str:
     return GUARD_ADVICE.sub("", diagnostic)
 
 
+def _samples(info: Mapping[str, Any]) -> int | None:
+    """The data samples a stage used, as its info says: `samples`, or a board's."""
+    if isinstance(info.get("samples"), int):
+        return int(info["samples"])
+    boards = [d.get("samples") for d in (info.get("device") or {}).values()
+              if isinstance(d, dict)]
+    return next((int(n) for n in boards if isinstance(n, int)), None)
+
+
 def build_variant(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, NodeOutcome],
                   devices: Mapping[str, Any]) -> dict[str, Any]:
     from orchestrator.measure.estimates import estimate
@@ -119,6 +127,8 @@ def build_variant(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, N
         "stages": [{"name": o.node.stage, "seconds": round(o.seconds, 4), "cached": o.cached,
                     # when this run's task ran it (epoch s): overlaps show parallel stages
                     "started": round(o.started, 3), "finished": round(o.finished, 3),
+                    # the data samples it used (calibration, evaluation, a board's run)
+                    **({"samples": _samples(o.info)} if _samples(o.info) else {}),
                     **({"warnings": o.warnings} if o.warnings else {})} for o in own],
     }
     for key in ("ranges", "memmap", "encryption", "outputs", "layer_errors", "float_nodes",
@@ -178,146 +188,6 @@ def judged_on_device(variant: dict[str, Any], target: str, est: float | None,
                            " (emulated)" if measured.get("emulated") else ""))
         judged = {**variant, "accuracy_drop": round(source - measured["accuracy"], 6)}
     return judged, figures
-
-
-# Estimates within this share of the lowest cannot tell variants apart: the measured host
-# latency decides among them (then the size).
-ESTIMATE_TIE = 0.10
-
-
-# A host measurement this much faster than another's is a real difference, not noise.
-MEASURED_NOISE = 0.10
-
-
-def _estimate(variant: Mapping[str, Any], target: str) -> float:
-    """The latency selection reads for a target: its board's measurement where a real
-    board measured it, else the estimate (`latency_basis` says which)."""
-    result = variant["targets"][target]
-    est = result.get("latency_ms", result["est_latency_ms"])
-    return float("inf") if est is None else float(est)
-
-
-def _tag(variant: Mapping[str, Any], target: str) -> str:
-    """How a latency is marked: "est." or "measured"."""
-    basis = variant["targets"][target].get("latency_basis", "estimated")
-    return "est." if basis == "estimated" else "measured"
-
-
-def _measured(variant: Mapping[str, Any]) -> float:
-    p50 = (variant.get("latency_ms") or {}).get("p50")
-    return float("inf") if p50 is None else float(p50)
-
-
-def select(variants: Mapping[str, Mapping[str, Any]], target_names: list[str]
-           ) -> dict[str, str | None]:
-    """Per target: among the variants meeting every budget, those whose estimated latency
-    is within ESTIMATE_TIE of the lowest; of these the fastest measured on this host, then
-    the smallest. None when no variant meets the budgets."""
-    selected: dict[str, str | None] = {}
-    for target in target_names:
-        ok = {name: v for name, v in variants.items() if v["targets"][target]["budgets_ok"]}
-        if not ok:
-            selected[target] = None
-            continue
-        lowest = min(_estimate(v, target) for v in ok.values())
-        close = [(name, v) for name, v in ok.items()
-                 if _estimate(v, target) <= lowest * (1 + ESTIMATE_TIE)]
-        selected[target] = min(close, key=lambda item: (_measured(item[1]),
-                                                        item[1]["size_bytes"], item[0]))[0]
-    return selected
-
-
-def selection_reasons(variants: Mapping[str, Mapping[str, Any]],
-                      selected: Mapping[str, str | None]) -> dict[str, dict[str, str]]:
-    """Per target and variant, why it was or was not selected, in the words of the rule
-    `select` applies: every budget met, the lowest estimated latency, the measured host
-    latency among estimates that tie, then the size. Where the estimate and this host's
-    measurement rank two variants the opposite way, the reason says so. Timings and sizes
-    as formatting shows them everywhere (µs/ms, MiB)."""
-    reasons: dict[str, dict[str, str]] = {}
-    for target, chosen in selected.items():
-        why: dict[str, str] = {}
-        best = variants[chosen] if chosen is not None else None
-        for name, variant in variants.items():
-            result = variant["targets"][target]
-            if not result["budgets_ok"]:
-                why[name] = "breaks a budget: " + "; ".join(result["violations"])
-                continue
-            est, measured = _estimate(variant, target), _measured(variant)
-            if best is None:
-                continue
-            if name == chosen:
-                why[name] = _chosen_reason(name, variants, target)
-                continue
-            best_est, best_measured = _estimate(best, target), _measured(best)
-            both_measured = math.isfinite(measured) and math.isfinite(best_measured)
-            if est > best_est * (1 + ESTIMATE_TIE):
-                mine, theirs = _ms_pair(est, best_est)
-                why[name] = (f"meets every budget, but {name}'s estimated latency "
-                             f"{mine} > {chosen}'s {theirs}")
-                if both_measured and measured < best_measured * (1 - MEASURED_NOISE):
-                    mine, theirs = _ms_pair(measured, best_measured)
-                    why[name] += (f". Measured on this host it is the faster one "
-                                  f"({mine} vs {theirs} p50): the estimate for the device "
-                                  "and this host's measurement disagree")
-            elif both_measured and measured > best_measured:
-                mine, theirs = _ms_pair(est, best_est)
-                host_mine, host_theirs = _ms_pair(measured, best_measured)
-                why[name] = (f"meets every budget, estimated latency close to {chosen}'s "
-                             f"({mine} vs {theirs}), but slower measured on this "
-                             f"host ({host_mine} vs {host_theirs} p50)")
-            else:
-                mine, theirs = apart(variant["size_bytes"], best["size_bytes"], format_size)
-                why[name] = (f"meets every budget, same estimated latency as {chosen}, "
-                             f"but larger ({mine} vs {theirs})")
-        reasons[target] = why
-    return reasons
-
-
-def _chosen_reason(name: str, variants: Mapping[str, Mapping[str, Any]], target: str) -> str:
-    """Why `select` chose `name`, naming only the steps of its rule that decided: the
-    lowest estimate; the host measurement only where another estimate is within
-    ESTIMATE_TIE of it; the size only where the measurement tied too."""
-    ok = {n: v for n, v in variants.items() if v["targets"][target]["budgets_ok"]}
-    others = [n for n in ok if n != name]
-    if not others:
-        return "selected: meets every budget; the only variant that does"
-    est, measured = _estimate(ok[name], target), _measured(ok[name])
-    lowest = min(ok, key=lambda n: (_estimate(ok[n], target), n))
-    floor = _estimate(ok[lowest], target)
-    close = [n for n in others if _estimate(ok[n], target) <= floor * (1 + ESTIMATE_TIE)]
-    parts = ["selected: meets every budget"]
-    if not math.isfinite(est):
-        parts.append("no variant has an estimated latency (add benchmark to the pipelines)")
-    elif est <= floor:
-        parts.append(f"lowest {'estimated' if _tag(ok[name], target) == 'est.' else 'measured'}"
-                     f" latency ({format_ms(est)} {_tag(ok[name], target)})")
-    else:
-        mine, theirs = _ms_pair(est, floor)
-        parts.append(f"estimated latency {mine}, within {ESTIMATE_TIE:.0%} of the lowest "
-                     f"({lowest}'s {theirs})")
-    slower = [n for n in close if _measured(ok[n]) > measured]
-    if slower and math.isfinite(est):
-        if est <= floor:  # which estimates are within the tie, not said yet
-            parts.append(f"within {ESTIMATE_TIE:.0%} of it: " + ", ".join(
-                f"{n} ({format_ms(_estimate(ok[n], target))} {_tag(ok[n], target)})"
-                for n in close))
-        vs = ", ".join(f"{n}'s {format_ms(_measured(ok[n]))}" for n in slower)
-        parts.append(f"the fastest measured on this host ({format_ms(measured)} p50 vs {vs})")
-    tied = [n for n in close if _measured(ok[n]) == measured]  # unmeasured ones tie too
-    if tied:
-        mine, theirs = apart(ok[name]["size_bytes"], min(ok[n]["size_bytes"] for n in tied),
-                             format_size)
-        parts.append(f"then the smallest of {', '.join([name, *tied])} ({mine} vs {theirs})")
-    return "; ".join(parts)
-
-
-def _ms_pair(first: float, second: float) -> tuple[str, str]:
-    """Two timings, 3 significant digits, more where 3 would print them equal."""
-    if not (math.isfinite(first) and math.isfinite(second)):
-        return format_ms(first if math.isfinite(first) else None), format_ms(
-            second if math.isfinite(second) else None)
-    return apart(first, second, format_ms)
 
 
 def build_report(plan: Plan, data: RunData, outcomes: Mapping[str, NodeOutcome],
@@ -701,6 +571,10 @@ def print_summary(report: Mapping[str, Any], out_dir: Path, console: Any = None)
     console.print(table)
     from rich.markup import escape
 
+    from orchestrator.results.page import below_host_lines
+
+    for line in below_host_lines(report):  # an estimate below the host's own figure: why
+        console.print(f"  {escape(line)}", **prose)
     for note in notes:
         console.print(f"  [dim]{escape(note)}[/]", **prose)
     print_device_table(report, console, prose)

@@ -29,7 +29,9 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, field_validator
+
+from orchestrator.limits import bounded
 
 __all__ = ["Device", "PRESETS", "DEFAULT_PRECISION_FACTORS", "resolve_device",
            "estimate_latency_ms", "precision_of", "core_flops_per_second"]
@@ -39,6 +41,8 @@ __all__ = ["Device", "PRESETS", "DEFAULT_PRECISION_FACTORS", "resolve_device",
 # int8 935 ms / fp32 1794 ms = 0.52. The NEON 8-bit kernels are where the gain comes from.
 ARM_INT8_FACTOR = 0.52
 DEFAULT_PRECISION_FACTORS: Mapping[str, float] = {"float32": 1.0, "int8": ARM_INT8_FACTOR}
+# at most 256 cores, as orchestrator/limits.py says and why
+Cores = bounded("cores")
 
 
 class Device(BaseModel):
@@ -52,7 +56,7 @@ class Device(BaseModel):
         description="Sustained float32 FLOP/s with all `cores` busy (2 FLOPs per "
         "multiply-add), e.g. 20e9 for a 2016 high-end phone (SPEC's figure; about half the "
         "peak of a Snapdragon 820's four Kryo cores).")
-    cores: PositiveInt = Field(description="CPU cores the model runs on (intra-op threads).")
+    cores: Cores = Field(description="CPU cores the model runs on (intra-op threads).")
     cpu: str | None = Field(None, description="The CPU, as the estimate's explanation names "
                             "it, e.g. \"Cortex-A53\".")
     core_flops_per_second: PositiveFloat | None = Field(

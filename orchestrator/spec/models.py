@@ -11,13 +11,22 @@ from pydantic import (
     ConfigDict,
     Field,
     PositiveFloat,
-    PositiveInt,
     field_validator,
     model_validator,
 )
 
-from orchestrator.limits import MAX_PIPELINES, MAX_STAGES_PER_PIPELINE, MAX_TARGETS
+from orchestrator.limits import MAX_PIPELINES, MAX_STAGES_PER_PIPELINE, MAX_TARGETS, bounded
 from orchestrator.spec.devices import Device
+
+# Counts, each bounded as orchestrator/limits.py says and why (the schema states the bounds)
+Dimension = bounded("dimension")
+Samples = bounded("samples")
+Batch = bounded("batch")
+ImageSide = bounded("image_side")
+Trials = bounded("trials")
+Timeout = bounded("timeout_s")
+Workers = bounded("workers")
+Threads = bounded("threads")
 
 
 class Strict(BaseModel):
@@ -29,7 +38,7 @@ class Strict(BaseModel):
 class InputSpec(Strict):
     name: str = Field(description="Input node name (or the SavedModel signature's input name).")
     dtype: str = Field("float32", description="Input dtype, e.g. float32, uint8.")
-    shape: list[int | None] | None = Field(
+    shape: list[Dimension | None] | None = Field(
         None, description="Input shape; -1 or null for an unknown dimension.")
 
 
@@ -53,9 +62,10 @@ class DataSource(Strict):
     labels: str | None = Field(None, description="Evaluation: the .npz array of integer labels; "
                                "for an image folder, a labels.txt of class names (an image's "
                                "label is the line index of its parent folder's name).")
-    samples: PositiveInt | None = Field(None, description="Use at most this many samples.")
-    batch_size: PositiveInt = Field(32, description="Samples per batch when the graph allows.")
-    resize: tuple[PositiveInt, PositiveInt] | None = Field(
+    samples: Samples | None = Field(
+        None, description="Use at most this many samples.")
+    batch_size: Batch = Field(32, description="Samples per batch when the graph allows.")
+    resize: tuple[ImageSide, ImageSide] | None = Field(
         None, description="Image folders: resize to [height, width].")
     mean: float = Field(0.0, description="Image folders: subtract this (label_image's "
                         "--input_mean).")
@@ -149,14 +159,20 @@ class Pipeline(Strict):
         "graphdef transform (inputs and outputs keep their names), unless the lineage "
         "lists compact_names or a from: child transforms the graph further (the child "
         "gets it then). Inherited along from:; a child may set it back to false.")
+    measure_on_device: bool | list[str] | None = Field(
+        None, description="Which targets' boards (`connect:`) measure this pipeline's file. "
+        "By default (null or true) every connected target's: a measure_on_device stage is "
+        "added at the pipeline's end per target. false: none (e.g. a GraphDef stepping "
+        "stone that no board runs); a list of target names: only those. Not inherited "
+        "along from: (each pipeline ships its own file).")
 
 
 class Tune(Strict):
     """The accuracy guard: search 8-bit settings until the budgets are met."""
 
     enabled: bool = Field(True, description="Run the guard where a budget is broken.")
-    max_trials: PositiveInt = Field(16, description="Stop after this many candidates.")
-    timeout_s: PositiveFloat = Field(600, description="Stop after this many seconds.")
+    max_trials: Trials = Field(16, description="Stop after this many candidates.")
+    timeout_s: Timeout = Field(600, description="Stop after this many seconds.")
     percentiles: list[Percentile] = Field(
         default_factory=lambda: [5.0, 1.0, 0.0],
         description="Range percentiles to try in freeze_ranges (min and max alike); each "
@@ -171,10 +187,10 @@ class Execution(Strict):
         "(TensorFlow already uses every core). dask: Prefect's DaskTaskRunner (prefect-dask) "
         "runs every stage whose input is ready, so pipelines that do not depend on each "
         "other run in parallel.")
-    workers: PositiveInt | None = Field(
+    workers: Workers | None = Field(
         None, description="dask without `address`: worker processes of the LocalCluster it "
         "starts (default: Dask's own choice for this machine).")
-    threads_per_worker: PositiveInt = Field(
+    threads_per_worker: Threads = Field(
         1, description="dask without `address`: threads per worker process.")
     processes: bool = Field(
         True, description="dask without `address`: workers as processes of their own "

@@ -7,6 +7,7 @@ produces go back in `StageResult.files` for the store to write.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -143,3 +144,23 @@ def shipped_graph(artifact: ModelArtifact, ctx: StageContext) -> ModelArtifact:
 
     return Artifact(graph_def=deployed_graph(artifact, ctx.model_key), inputs=artifact.inputs,
                     outputs=artifact.outputs, metadata=artifact.metadata)
+
+
+def counting_samples(ctx: StageContext) -> tuple[StageContext, Callable[[], int]]:
+    """`ctx` whose representative data counts what it yields, and a function giving the
+    most samples one call yielded: the samples the stage used (calibration reads the most;
+    diagnostics read a subset), which it reports as `info["samples"]` (report.json's stage
+    entry)."""
+    given = ctx.representative
+    most = [0]
+    if given is None:
+        return ctx, lambda: most[0]
+
+    def counted(samples: int | None, batch_size: int) -> Iterator[np.ndarray]:
+        seen = 0
+        for batch in given(samples, batch_size):
+            seen += len(batch)
+            most[0] = max(most[0], seen)
+            yield batch
+
+    return dataclasses.replace(ctx, representative=counted), lambda: most[0]

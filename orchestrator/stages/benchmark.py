@@ -40,8 +40,9 @@ from collections.abc import Sequence
 from typing import Annotated, Any
 
 import numpy as np
-from pydantic import Field, NonNegativeInt, PositiveInt
+from pydantic import Field
 
+from orchestrator.limits import MAX_THREAD_SETTINGS, bounded
 from orchestrator.measure.estimates import basis, estimate
 from orchestrator.measure.flops import count_flops
 from orchestrator.measure.host import describe, speed
@@ -59,11 +60,12 @@ _MAPPED_CONST_OPS = {"ImmutableConst"}
 
 
 class Params(StageParams):
-    warmup: NonNegativeInt = Field(5, description="Untimed runs first (caches, allocations).")
-    runs: PositiveInt = Field(50, description="Timed runs.")
-    batch_size: PositiveInt = Field(
+    warmup: bounded("warmup") = Field(5, description="Untimed runs first (caches, allocations).")
+    runs: bounded("runs") = Field(50, description="Timed runs.")
+    batch_size: bounded("batch") = Field(
         1, description="Samples per run (a model with a fixed batch size uses its own).")
-    threads: PositiveInt | Annotated[list[PositiveInt], Field(min_length=1)] | None = Field(
+    threads: bounded("threads") | Annotated[list[bounded("threads")], Field(
+        min_length=1, max_length=MAX_THREAD_SETTINGS)] | None = Field(
         None, description="Intra-op threads, or a list of settings, e.g. [1, 2, 4], each "
         "timed and reported (`threads_matrix`); `latency_ms` is the first. Default: this "
         "machine's core count, as a phone app uses all its cores. Inter-op threads are "
@@ -72,7 +74,7 @@ class Params(StageParams):
         True, description="Measure memory: the resident-memory growth of a fresh process "
         "that loads and runs the model once (`memory`), and the peak of live tensors from "
         "one extra traced run (`peak_memory_bytes`, an estimate).")
-    profile_runs: NonNegativeInt = Field(
+    profile_runs: bounded("profile_runs") = Field(
         20, description="Extra traced runs for the per-node profile (profile_top.tsv, "
         "profile_by_type.tsv), at the first threads setting; 0: none. Not in the timings.")
 

@@ -30,14 +30,21 @@ from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field, NonNegativeInt, PositiveInt
+from pydantic import Field
 
 from orchestrator.errors import DataError, ModelSourceError
+from orchestrator.limits import bounded
 from orchestrator.model import litert_precision, tflite_bytes
 from orchestrator.model.artifact import ModelArtifact
 from orchestrator.model.native_output import native_output_held
 from orchestrator.stages import register
-from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
+from orchestrator.stages.base import (
+    Stage,
+    StageContext,
+    StageParams,
+    StageResult,
+    counting_samples,
+)
 
 # A layer's own error above this many quantization steps (RMSE/scale) is flagged, as
 # freeze_ranges flags GraphDef layers; rounding alone gives 1/sqrt(12) = 0.29.
@@ -61,7 +68,7 @@ class Params(StageParams):
     io: Literal["float", "int8"] = Field(
         "float", description="int8 mode only: the model's input and output type. int8 "
         "makes the app quantize its inputs and dequantize its outputs itself.")
-    calibration_samples: PositiveInt = Field(
+    calibration_samples: bounded("samples") = Field(
         200, description="int8 mode: representative samples used to calibrate ranges.")
     select_tf_ops: bool = Field(
         False, description="Let ops with no LiteRT builtin run as TF ops (Flex delegate: "
@@ -83,7 +90,7 @@ class Params(StageParams):
         False, description="Drop tensor names and signatures from the shipped file "
         "(LiteRT's strip_strings): a few % smaller; the app then finds its input and output "
         "by index, not name.")
-    diagnostic_samples: NonNegativeInt = Field(
+    diagnostic_samples: bounded("diagnostic_samples") = Field(
         50, description="int8 mode: representative samples on which the quantization "
         "debugger measures each layer's own error (rmse/scale, nmse); 0: none.")
     guard: bool = Field(
@@ -95,6 +102,7 @@ class Params(StageParams):
 def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
     from orchestrator.model.litert_model import describe
 
+    ctx, samples_used = counting_samples(ctx)
     converter = _converter(given, params, ctx)
     flatbuffer = _convert(converter, given, params, ctx)
     warnings: list[str] = []
@@ -114,6 +122,9 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
                 "LiteRT's hybrid depthwise kernel reads one scale per output channel, and "
                 "with one per tensor reads past it (garbage outputs). The other weights are "
                 "per tensor")
+    # the graph's inputs and outputs in its order, named by a signature: the converter
+    # keeps neither the order of several outputs nor, always, their names
+    flatbuffer = _signed(flatbuffer, given)
     if params.strip_names:
         flatbuffer = _stripped(flatbuffer)
     facts = describe(flatbuffer)
@@ -164,6 +175,8 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
         info["tflite"]["kept_per_channel"] = kept_per_channel
     if diagnostics:
         info["diagnostics"] = diagnostics
+    if samples_used():  # int8: the representative samples it calibrated on
+        info["samples"] = samples_used()
     return StageResult(artifact=artifact, metrics=metrics, info=info, warnings=warnings)
 
 
@@ -178,6 +191,24 @@ def _graph_flops(given: ModelArtifact, warnings: list[str]) -> int | None:
     except (ValueError, TypeError) as exc:
         warnings.append(f"FLOPs not counted: {exc}")
         return None
+
+
+def _signed(flatbuffer: bytes, given: ModelArtifact) -> bytes:
+    """The flatbuffer's inputs and outputs in the graph's order, under a `serving_default`
+    signature named as the graph names them (litert_model.with_signature), each output
+    found by name, else by its shape in the graph; one whose shape differs from the
+    graph's is a stage error."""
+    from orchestrator.errors import StageError
+    from orchestrator.model.litert_model import with_signature
+
+    _, function = _concrete_function(given)
+    shapes = [None if out.shape.rank is None else list(out.shape.as_list())
+              for out in function.outputs]
+    try:
+        return with_signature(flatbuffer, given.input_names, list(given.outputs), shapes,
+                              replace=True)
+    except ValueError as exc:
+        raise StageError(str(exc)) from exc
 
 
 def _concrete_function(given: ModelArtifact) -> Any:

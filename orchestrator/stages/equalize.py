@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from pydantic import Field
 
+from orchestrator.limits import bounded
 from orchestrator.model.artifact import node_name
 from orchestrator.model.graph_rewrite import (
     GraphIndex,
@@ -49,8 +50,8 @@ POSITIVE_HOMOGENEOUS = ("Relu", "LeakyRelu", "MaxPool", "AvgPool", "Identity")
 
 
 class Params(StageParams):
-    iterations: int = Field(
-        4, ge=1, le=100, description="Passes over all pairs: a layer shared by two pairs "
+    iterations: bounded("iterations") = Field(
+        4, description="Passes over all pairs: a layer shared by two pairs "
         "(the pointwise conv between two depthwise ones) is balanced again on each pass.")
 
 

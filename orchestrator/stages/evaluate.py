@@ -45,9 +45,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from pydantic import Field, PositiveInt
+from pydantic import Field
 
 from orchestrator.errors import DataError, StageError
+from orchestrator.limits import bounded
 from orchestrator.measure.fidelity import (
     CLASS_KINDS,
     CLASS_SCORES,
@@ -67,9 +68,9 @@ from orchestrator.stages.base import ANY_KIND, Stage, StageContext, StageParams,
 
 
 class Params(StageParams):
-    batch_size: PositiveInt = Field(
+    batch_size: bounded("batch") = Field(
         64, description="Samples per run (a model with a fixed batch size uses its own).")
-    top_k: PositiveInt = Field(
+    top_k: bounded("top_k") = Field(
         1, description="Also report top-k accuracy (`top<k>_accuracy`) when above 1.")
 
 

@@ -35,6 +35,7 @@ import numpy as np
 from pydantic import Field
 
 from orchestrator.errors import DataError
+from orchestrator.limits import bounded
 from orchestrator.model.graph_rewrite import copy_graph, make_const, subgraph
 from orchestrator.quant import ranges as q
 from orchestrator.stages import register
@@ -58,8 +59,8 @@ class Params(StageParams):
         True, description="Measure each quantized layer's error against the float model on "
         "representative data (when the recipe has it): layer_errors in the report, "
         "layer_errors.tsv, and a diagnostic naming layers above 0.7 RMSE/scale.")
-    diagnostics_samples: int = Field(
-        200, ge=1, description="Representative samples the diagnostics run (bounds cost).")
+    diagnostics_samples: bounded("samples") = Field(
+        200, description="Representative samples the diagnostics run (bounds cost).")
 
 
 def _short(names: list[str] | set[str], limit: int = 8) -> str:

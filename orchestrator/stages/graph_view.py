@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from orchestrator.limits import bounded
 from orchestrator.model.artifact import ModelArtifact, node_name
 from orchestrator.stages import register
 from orchestrator.stages.base import (
@@ -57,8 +58,8 @@ class Params(StageParams):
     render: bool = Field(
         True, description="Render each DOT file to SVG with Graphviz's `dot` when it is "
         "on PATH (a warning says how to install it when it is not).")
-    render_timeout_s: float = Field(
-        300.0, gt=0, description="Give up rendering one SVG after this many seconds "
+    render_timeout_s: bounded("timeout_s") = Field(
+        300.0, description="Give up rendering one SVG after this many seconds "
         "(with a warning); the DOT file is still written.")
     tensorboard: bool = Field(
         True, description="Write a TensorBoard log dir holding the graph, under "

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import Field
 
+from orchestrator.limits import bounded
 from orchestrator.model.artifact import tensor_name
 from orchestrator.model.graph_rewrite import copy_graph, make_const
 from orchestrator.quant import ranges as q
@@ -53,10 +54,10 @@ if TYPE_CHECKING:
 
 
 class Params(StageParams):
-    samples: int | None = Field(
-        200, ge=1, description="Representative samples to run (null: all of them).")
-    batch_size: int = Field(
-        100, ge=1, description="Samples per session run (a graph with a fixed batch "
+    samples: bounded("samples") | None = Field(
+        200, description="Representative samples to run (null: all of them).")
+    batch_size: bounded("batch") = Field(
+        100, description="Samples per session run (a graph with a fixed batch "
         "dimension runs its own size).")
     per_sample: bool = Field(
         True, description="One log line per node per sample (as classic batch-1 runs); "
@@ -346,7 +347,7 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
         metrics={"ranges_nodes": float(len(names)),
                  "input_ranges_nodes": float(len(quantizations)), "ranges_samples": float(seen),
                  "ranges_records": float(len(lines))},
-        info={"ranges": rows},
+        info={"ranges": rows, "samples": seen},
         files={"ranges.log": text.encode(), "ranges.csv": q.table_csv(rows).encode()},
         warnings=warnings)
 

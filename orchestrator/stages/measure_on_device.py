@@ -3,15 +3,20 @@
 Added to every pipeline for each target with `connect:` (recipe/defaults.py), or listed by
 hand. On the board (devices/): the shipped file's latency per thread setting after warm-up
 runs (first/cold, then count, mean, std, cv, p50, p90, p99, max), the load time and memory
-growth of a fresh process, and the evaluation inputs run there. Here: accuracy on the
-device, and agreement with this host's outputs for the same file (top-1 agreement, max abs
+growth of a fresh process, and the evaluation inputs run there. Here, as evaluate judges
+the host's outputs: `fidelity` against the float source model's outputs on the same
+inputs, and `accuracy` against the labels; and, under its own name, the agreement with
+this host's outputs for the same file (`agreement_with_host`; `top1_agreement`, max abs
 difference, SQNR per output). An emulated board's timings are marked `emulated`: they
-measure qemu, not the core, and never decide a budget or a selection.
+measure qemu, not the core, and never decide a budget or a selection. Thread settings
+above the board's cores (its own count) are capped at them: `threads_capped_from` says
+what was asked.
 
 `info.device[target]`: `where` (the URL), the board (machine, CPU, cores, memory, Python,
-runtimes), `emulated`, `latency_ms` (first thread setting) and `threads_matrix`, `load`,
-`noise` (governor, pinned cores, temperatures, lock wait), `accuracy`, `host_accuracy`,
-`top1_agreement`, `outputs` (per output), `seconds`; or `measured: false` and `reason`
+runtimes), `emulated`, `latency_ms` (first thread setting), `threads` and
+`threads_matrix`, `load`, `noise` (governor, pinned cores, temperatures, lock wait),
+`fidelity`, `accuracy`, `host_accuracy`, `agreement_with_host`, `top1_agreement`,
+`outputs` (per output, against this host's), `seconds`; or `measured: false` and `reason`
 where the board cannot run this kind of file.
 """
 
@@ -19,8 +24,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
+from pydantic import Field
 
+from orchestrator.limits import MAX_THREAD_SETTINGS, bounded
 from orchestrator.model.artifact import ModelArtifact
 from orchestrator.stages import register
 from orchestrator.stages.base import ANY_KIND, Stage, StageContext, StageParams, StageResult
@@ -38,17 +44,18 @@ class Params(StageParams):
     connect: str | None = Field(
         None, description="The board's URL; by default the target's `connect:` (set by the "
         "recipe loader: it is part of the cache key, so another board measures again).")
-    threads: PositiveInt | Annotated[list[PositiveInt], Field(min_length=1)] | None = Field(
+    threads: bounded("threads") | Annotated[list[bounded("threads")], Field(
+        min_length=1, max_length=MAX_THREAD_SETTINGS)] | None = Field(
         None, description="Thread settings timed on the board; default 1 and the target "
-        "device's cores. `latency_ms` is the first.")
-    warmup: NonNegativeInt = Field(5, description="Untimed runs first, per setting.")
-    runs: PositiveInt = Field(50, description="Timed runs per setting.")
-    samples: PositiveInt | None = Field(
+        "device's cores; each capped at the board's own cores. `latency_ms` is the first.")
+    warmup: bounded("warmup") = Field(5, description="Untimed runs first, per setting.")
+    runs: bounded("runs") = Field(50, description="Timed runs per setting.")
+    samples: bounded("samples") | None = Field(
         None, description="Evaluation samples run on the board (default: all of them).")
     min_agreement: float = Field(
         0.99, ge=0, le=1, description="Warn when the board's top-1 agreement with this host's "
         "outputs is below this (a budget: the target's `min_device_agreement`).")
-    timeout_s: PositiveFloat = Field(
+    timeout_s: bounded("timeout_s") = Field(
         600, description="A measurement not done in this many seconds fails the stage (a "
         "board that hangs), and the board ends its side too.")
 
@@ -70,11 +77,11 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
         board = session.describe()
         board = {k: v for k, v in board.items() if k not in ("blobs", "protocol")}
         result: dict[str, Any] = {"where": url.text, "emulated": url.emulated, "board": board}
-        why = measurement.why_not_measurable(given, board)
-        if why is not None:
+        settings, capped_from = _capped(settings, board.get("cores"))
+        why = measurement.why_not_measurable(given, board, url.text)
+        if why is not None:  # said once, in the board's table (no warning line as well)
             result.update(measured=False, reason=why)
-            return StageResult(artifact=given, info={"device": {params.target: result}},
-                               warnings=[f"{params.target}: not measured on {url.text}: {why}"])
+            return StageResult(artifact=given, info={"device": {params.target: result}})
         inputs, labels = _inputs(given, ctx, params.samples)
         reply = measurement.measure(session, given, ctx.model_key, inputs, settings,
                                     warmup=params.warmup, runs=params.runs,
@@ -85,23 +92,36 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
     host_outputs = _host_outputs(given, ctx, inputs)
     from orchestrator.measure.fidelity import output_kind, output_names
 
-    # what each output is, judged on the source model's own outputs (as evaluate does)
-    kinds = None
-    if ctx.reference_outputs is not None:
+    # the source model's own outputs on the same inputs (as evaluate gets them): what
+    # each output is, and what the board's fidelity is measured against
+    kinds = references = None
+    if ctx.reference_outputs is not None and ctx.evaluation is not None:
         references = ctx.reference_outputs()
-        references = [references] if hasattr(references, "shape") else references
-        kinds = [output_kind(reference[:len(inputs)], labelled=labels is not None)
+        references = [references] if hasattr(references, "shape") else list(references)
+        references = [reference[:len(inputs)] for reference in references]
+        kinds = [output_kind(reference, labelled=labels is not None)
                  for reference in references]
     compared = measurement.compare(reply["outputs"], host_outputs,
                                    output_names(list(given.outputs), given.metadata), labels,
-                                   kinds)
+                                   kinds, references)
     matrix = [{"threads": int(t), "latency_ms": stats} for t, stats in reply["threads"].items()]
     result.update(measured=True, latency_ms=matrix[0]["latency_ms"], threads_matrix=matrix,
                   threads=matrix[0]["threads"], load=reply["load"], noise=reply["noise"],
                   samples=len(inputs), seconds=reply["seconds"], **compared)
+    if capped_from is not None:
+        result["threads_capped_from"] = capped_from
     return StageResult(artifact=given, info={"device": {params.target: result}},
                        metrics=_metrics(params.target, result),
                        warnings=_warnings(params, result))
+
+
+def _capped(settings: list[int], cores: Any) -> tuple[list[int], int | None]:
+    """The thread settings the board can run: each at most the board's cores (its own
+    count, as it reports it), in their order, once each; and the largest setting asked
+    above them (None when none was)."""
+    if not isinstance(cores, int) or cores < 1 or max(settings) <= cores:
+        return list(settings), None
+    return list(dict.fromkeys(min(t, cores) for t in settings)), max(settings)
 
 
 def _inputs(given: ModelArtifact, ctx: StageContext, samples: int | None) -> tuple[Any, Any]:
@@ -129,7 +149,9 @@ def _host_outputs(given: ModelArtifact, ctx: StageContext, inputs: Any) -> list[
 
 def _metrics(target: str, result: dict[str, Any]) -> dict[str, float]:
     metrics = {f"device_latency_p50_ms.{target}": result["latency_ms"]["p50"],
-               f"device_fidelity.{target}": result["fidelity"]}
+               f"device_agreement_with_host.{target}": result["agreement_with_host"]}
+    if result.get("fidelity") is not None:  # against the float source model's outputs
+        metrics[f"device_fidelity.{target}"] = result["fidelity"]
     if result.get("top1_agreement") is not None:
         metrics[f"device_top1_agreement.{target}"] = result["top1_agreement"]
     if result.get("accuracy") is not None:
@@ -146,7 +168,7 @@ def _warnings(params: Params, result: dict[str, Any]) -> list[str]:
     disagree = [f"{name} (top-1 agreement {o['top1_agreement']:.4f}, max abs diff "
                 f"{o['max_abs_diff']:.3g})" for name, o in result["outputs"].items()
                 if o.get("top1_agreement", 1.0) < params.min_agreement]
-    if result["fidelity"] < params.min_agreement and not disagree:
+    if result["agreement_with_host"] < params.min_agreement and not disagree:
         disagree = [f"{name} (SQNR {o['sqnr_db']:.1f} dB, max abs diff "
                     f"{o['max_abs_diff']:.3g})" for name, o in result["outputs"].items()]
     if disagree:
@@ -163,5 +185,6 @@ def _warnings(params: Params, result: dict[str, Any]) -> list[str]:
 
 register(Stage(name="measure_on_device", run=run, params=Params,
                doc="Latency, load time, memory and outputs of the shipped file on the target's "
-                   "board (`connect:`), with its agreement with this host's outputs.",
+                   "board (`connect:`): its fidelity to the source model, accuracy, and "
+                   "agreement with this host's outputs.",
                kind="measure", accepts=ANY_KIND, optional_data=("evaluation",)))

@@ -13,16 +13,17 @@ gets both load times and resident-memory growths (VmRSS, and RssAnon: the heap).
 
 from __future__ import annotations
 
-from pydantic import Field, NonNegativeInt
+from pydantic import Field
 
 from orchestrator.errors import StageError
+from orchestrator.limits import bounded
 from orchestrator.model.artifact import ModelArtifact
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 
 
 class Params(StageParams):
-    min_conversion_size_bytes: NonNegativeInt = Field(
+    min_conversion_size_bytes: bounded("bytes") = Field(
         10_000, description="Consts of at least this many bytes are memory-mapped (TF's "
         "convert_graphdef_memmapped_format default).")
     measure: bool = Field(

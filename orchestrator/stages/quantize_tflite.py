@@ -23,13 +23,20 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import Field, NonNegativeInt, PositiveInt, field_validator
+from pydantic import Field, field_validator
 
 from orchestrator.errors import DataError, ModelSourceError
+from orchestrator.limits import bounded
 from orchestrator.model.artifact import ModelArtifact
 from orchestrator.quant.litert_quantizer import SCHEME_DOCS, STATIC, Scheme
 from orchestrator.stages import register
-from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
+from orchestrator.stages.base import (
+    Stage,
+    StageContext,
+    StageParams,
+    StageResult,
+    counting_samples,
+)
 
 # A layer above this many quantization steps of error at its output is flagged (as
 # convert_tflite flags the debugger's figures).
@@ -60,13 +67,13 @@ class Params(StageParams):
     per_channel: bool = Field(
         True, description="One weight scale per output channel (more accurate; each "
         "channel costs 12 bytes of quantization params); false: one per tensor.")
-    calibration_samples: PositiveInt = Field(
+    calibration_samples: bounded("samples") = Field(
         200, description="Static schemes: representative samples that calibrate the "
         "activation ranges.")
-    calibration_batch: PositiveInt = Field(
+    calibration_batch: bounded("batch") = Field(
         32, description="Samples per calibration batch (the quantizer keeps a moving "
         "average of each batch's min and max).")
-    diagnostic_samples: NonNegativeInt = Field(
+    diagnostic_samples: bounded("diagnostic_samples") = Field(
         50, description="Representative samples on which the quantizer compares every "
         "tensor with the float model's (layer_errors); 0: none.")
     shrink: bool = Field(
@@ -103,10 +110,10 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
     if computes_in(float_model) != "float":
         raise ModelSourceError("quantize_tflite takes a float .tflite: put "
                                "convert_tflite: {mode: fp32} before it")
-    float_model = aeq.with_signature(float_model, given.input_names,
-                                     [name.split(":")[0] for name in given.outputs])
+    float_model = aeq.with_signature(float_model, given.input_names, list(given.outputs))
     float_model, rewritten = rewrite_for_quantizer(float_model)
     static = _calibrates(params)
+    ctx, samples_used = counting_samples(ctx)
     try:
         made = aeq.quantizer_for(float_model, params.scheme, params.layers,
                                  params.per_channel, float_io=params.io == "float")
@@ -145,6 +152,8 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
                       "ops": describe(quantized).op_counts, "float_ops": float_left}
     if diagnostics:
         info["diagnostics"] = diagnostics
+    if samples_used():  # static schemes: the representative samples it calibrated on
+        info["samples"] = samples_used()
     metadata = {**given.metadata, "tflite": {**(given.metadata.get("tflite") or {}),
                                              "mode": info["tflite"]["mode"],
                                              "scheme": params.scheme, "io": params.io,

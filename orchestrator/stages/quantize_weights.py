@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from pydantic import Field
 
+from orchestrator.limits import bounded
 from orchestrator.model.graph_rewrite import GraphIndex, const_value, copy_graph, set_const_value
 from orchestrator.quant import ranges as q
 from orchestrator.quant.numerics import float_to_quint8
@@ -45,8 +46,8 @@ MINIMUM_RANGE = 0.01
 
 
 class Params(StageParams):
-    minimum_size: int = Field(
-        128, ge=1, description="Quantize float constants with at least this many elements. "
+    minimum_size: bounded("elements") = Field(
+        128, description="Quantize float constants with at least this many elements. "
         "128 takes every conv, depthwise/separable and dense kernel from a 3x3 kernel over "
         "16 channels (144 values) up, well over 90% of the weight bytes of common models, "
         "and leaves biases of small layers in float, where 8 bits would cost more bytes "

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from pydantic import Field
 
+from orchestrator.limits import bounded
 from orchestrator.model.graph_rewrite import const_value, copy_graph
 from orchestrator.quant import ranges as q
 from orchestrator.stages import register
@@ -30,10 +31,10 @@ _DT_FLOAT = 1
 
 
 class Params(StageParams):
-    num_steps: int = Field(256, ge=2, le=65536,
+    num_steps: bounded("num_steps") = Field(256,
                            description="Distinct values per weight tensor (256: 8 bits).")
-    minimum_size: int = Field(
-        16, ge=1, description="Round float constants with at least this many elements "
+    minimum_size: bounded("elements") = Field(
+        16, description="Round float constants with at least this many elements "
         "(smaller ones are often accuracy-sensitive and gain nothing).")
 
 

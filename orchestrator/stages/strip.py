@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field, field_validator
 
 from orchestrator.errors import StageError
+from orchestrator.limits import bounded
 from orchestrator.model.artifact import ModelArtifact, TensorSpec
 from orchestrator.model.graph_rewrite import apply_transforms
 from orchestrator.stages import register
@@ -39,7 +40,7 @@ class Params(StageParams):
         None, description="dtype of the inputs, e.g. float32 or uint8 (TF names like 'float' "
         "work too); default: each input's current dtype. Only an input that is not yet a "
         "Placeholder can change type.")
-    input_shape: list[int] | None = Field(
+    input_shape: list[bounded("dimension")] | None = Field(
         None, description="Shape of every input Placeholder, -1 for an unknown dimension, "
         "e.g. [1, 224, 224, 3]; default: each input's shape in the model's signature (the "
         "recipe's model.inputs, else the graph's).")

@@ -198,11 +198,12 @@ class TrackingClient:
     on_guard_trial = log_trial  # the flow's hook for each guard trial
 
     def finish(self, report: Mapping[str, Any] | None, out_dir: Path | None,
-               recipe_path: Path, failed: bool = False, register: bool = False
-               ) -> dict[str, Any]:
+               recipe_path: Path, failed: bool = False, register: bool = False,
+               interrupted: bool = False) -> dict[str, Any]:
         """Log variant metrics, models and report.json; with `register`, register the
         selection in the Model Registry when every target has a variant; close the runs;
-        wait for the worker to be done. Returns the registry's outcome:
+        wait for the worker to be done (`failed`: as FAILED; `interrupted`: as KILLED, which
+        `history` shows as interrupted). Returns the registry's outcome:
         {"registered": {"name", "version", "alias"}}, {"refused": why}, or {} when not asked.
         Once only: later calls repeat its outcome."""
         if self._closed:
@@ -212,7 +213,8 @@ class TrackingClient:
         try:
             self._send({"op": "finish", "report": report, "recipe_path": str(recipe_path),
                         "out_dir": None if out_dir is None else str(out_dir),
-                        "failed": failed, "register": register})
+                        "failed": failed or interrupted, "interrupted": interrupted,
+                        "register": register})
             self.run_id  # noqa: B018  (its reply comes first)
             self.registry = self._expect("finished").get("registry") or {}
             self._finished = True

@@ -6,8 +6,8 @@ run, in the experiment named like the recipe: the tags `selected.<target>` ("non
 variant met the budgets), the metrics `<variant>.size_bytes`, `.accuracy`, `.fidelity`,
 `.latency_p50_ms` (measured on the run's host) and `.est_latency_ms.<target>` (estimated
 for the target's device), the param `recipe.git_commit`, and the host from the
-run's report.json artifact. A run that failed, is still running or selected nothing stays
-in the history as such.
+run's report.json artifact. A run that failed, was interrupted (MLflow's status KILLED), is
+still running or selected nothing stays in the history as such.
 
 MLflow is queried through MlflowClient (common.open_client) with the project's tracking URI
 only, and a local store that does not exist is never created. MLflow is imported inside
@@ -178,7 +178,8 @@ def _iso(ms: int | None) -> str:
 
 
 def _status_note(status: str) -> str | None:
-    return {"FAILED": "run failed", "KILLED": "run killed",
+    # KILLED: the run was interrupted (Ctrl-C, SIGTERM: the tracking worker records it so)
+    return {"FAILED": "run failed", "KILLED": "interrupted",
             "RUNNING": "still running (or died without closing its run)",
             "SCHEDULED": "not started"}.get(status)
 
@@ -487,7 +488,7 @@ def _mark_gaps(axes: Sequence[Any], rows: Sequence[Row], index: Mapping[str, int
     for row in rows:
         i = index[row.run_id]
         if row.status not in ("FINISHED",):
-            failed[i] = row.status
+            failed[i] = "INTERRUPTED" if row.status == "KILLED" else row.status
         if row.selected is None:
             slot = slots[i] = slots.get(i, -1) + 1
             # named where a gap starts; a failed run says so once, above

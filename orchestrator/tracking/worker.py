@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import re
 import signal
@@ -159,6 +160,13 @@ def _metric_key(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_\-. /]", "_", name)
 
 
+def shown_metric(value: float) -> float:
+    """A metric as MLflow's UI shows it as it is: 6 significant digits (0.993333, not
+    0.9933333333333333); whole numbers (sizes in bytes, counts) exact."""
+    value = float(value)
+    return value if value.is_integer() or not math.isfinite(value) else float(f"{value:.6g}")
+
+
 def numeric_values(values: Mapping[str, Any]) -> dict[str, float]:
     """The int and float values of a mapping (not bools, not None), as floats."""
     return {k: float(v) for k, v in values.items()
@@ -174,8 +182,25 @@ def variant_metrics(variant: Mapping[str, Any]) -> dict[str, float]:
         if result.get("est_latency_ms") is not None:
             values[f"est_latency_ms.{target}"] = float(result["est_latency_ms"])
         values[f"budgets_ok.{target}"] = float(bool(result.get("budgets_ok")))
+        values.update(device_metrics(target, result.get("measured") or {}))
     seconds = [s.get("seconds") for s in variant.get("stages") or []]
     values["seconds"] = float(sum(s for s in seconds if isinstance(s, int | float)))
+    return values
+
+
+# What a target's board measured, per pipeline run: `device_<figure>.<target>`. fidelity is
+# against the float source model (as the variant's), agreement_with_host against this
+# host's outputs for the same file
+DEVICE_METRICS = ("fidelity", "accuracy", "agreement_with_host", "top1_agreement")
+
+
+def device_metrics(target: str, measured: Mapping[str, Any]) -> dict[str, float]:
+    if not measured.get("measured") or "agreement_with_host" not in measured:
+        return {}  # not measured there (or a report from before the names were told apart)
+    values = numeric_values({f"device_{k}.{target}": measured.get(k) for k in DEVICE_METRICS})
+    p50 = (measured.get("latency_ms") or {}).get("p50")
+    if isinstance(p50, int | float):
+        values[f"device_latency_p50_ms.{target}"] = float(p50)
     return values
 
 
@@ -263,7 +288,7 @@ class MlflowLogger:
         """log_batch within MLflow's limits per call (1000 metrics, 100 params, 100 tags)."""
         from mlflow.entities import Metric, Param, RunTag
 
-        metric_items = [Metric(_metric_key(k)[:250], v, time_ms, step)
+        metric_items = [Metric(_metric_key(k)[:250], shown_metric(v), time_ms, step)
                         for k, v in (metrics or {}).items()]
         param_items = [Param(k[:250], str(v)[:_MAX_PARAM]) for k, v in (params or {}).items()]
         tag_items = [RunTag(k[:250], str(v)[:_MAX_TAG]) for k, v in (tags or {}).items()]
@@ -433,7 +458,9 @@ class MlflowLogger:
             from orchestrator.tracking import registry
             outcome = registry.register(self.client, self.parent_run_id, report, out_dir,
                                         self.commit)
-        self.close("FAILED" if failed else "FINISHED")
+        # an interrupted run (Ctrl-C, SIGTERM) is MLflow's KILLED, not a failure
+        self.close("KILLED" if message.get("interrupted") else
+                   "FAILED" if failed else "FINISHED")
         return outcome
 
     def close(self, status: str) -> None:

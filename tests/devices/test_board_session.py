@@ -196,3 +196,72 @@ def test_a_runner_that_hangs_is_device_lost_at_the_deadline(session: BoardSessio
     finally:
         subprocess.run(["kill", "-CONT", str(pid)], check=False)
     assert not session.alive  # the session killed it
+
+
+def _measuring(board_tmp: Path) -> bool:
+    """Whether a measurement holds the board's lock."""
+    lock = board_tmp / "lock"
+    if not lock.exists():
+        return False
+    with open(lock, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return False
+
+
+def _wait_until(condition: object, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:  # type: ignore[operator]
+        time.sleep(0.02)
+    assert condition(), "the board never started measuring"  # type: ignore[operator]
+
+
+def test_ctrl_c_mid_measurement_kills_the_board_at_once(
+        session: BoardSession, tmp_path: Path, board_tmp: Path, default_sigint: None
+        ) -> None:
+    """Issue 39: the interrupt leaves request() with the board's process already ended,
+    not left measuring (its reply would come only when the runs are done) for close() to
+    wait on."""
+    artifact, inputs = tflite_model(tmp_path)
+    pid = _runner_pid(session)
+
+    def interrupt() -> None:
+        _wait_until(lambda: _measuring(board_tmp))
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        measurement.measure(session, artifact, None, inputs, [1], warmup=5,
+                            runs=10_000_000, samples=4, timeout=600)
+    # ended and reaped before the interrupt went on: nothing waits for the runs
+    assert not session.alive and session.process.returncode == -signal.SIGKILL
+    assert not Path(f"/proc/{pid}").exists()
+
+
+def test_closing_a_session_mid_request_kills_the_board_rather_than_waiting(
+        session: BoardSession, tmp_path: Path, board_tmp: Path) -> None:
+    """close() from another thread (the run's end, after an interrupt elsewhere) while a
+    measurement is under way: the board is killed, not sent a goodbye it would read only
+    after its runs; the measuring thread gets DeviceLost."""
+    artifact, inputs = tflite_model(tmp_path)
+    process = session.process
+    raised: list[BaseException] = []
+
+    def measure() -> None:
+        try:
+            measurement.measure(session, artifact, None, inputs, [1], warmup=5,
+                                runs=10_000_000, samples=4, timeout=600)
+        except BaseException as exc:  # noqa: BLE001
+            raised.append(exc)
+
+    worker = threading.Thread(target=measure, daemon=True)
+    worker.start()
+    _wait_until(lambda: _measuring(board_tmp))
+    session.close()
+    assert process.returncode == -signal.SIGKILL  # killed, not a runner that said goodbye
+    worker.join(60)
+    assert not worker.is_alive()
+    assert len(raised) == 1 and isinstance(raised[0], DeviceLost), raised

@@ -195,5 +195,5 @@ def test_failing_stage_on_a_worker_exits_3_naming_it(
     assert code == 3
     assert "stage bad/transform failed" in err and "no_such_transform" in err
     assert "Traceback" not in err
-    assert not (tmp_path / "out").exists()  # outputs discarded
+    assert not (tmp_path / "out").exists()  # nothing written
     assert not list((tmp_path / ".orchestrator" / "cache").rglob("*.tmp"))

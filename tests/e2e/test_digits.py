@@ -277,3 +277,16 @@ def test_report_page_opens_in_chromium_without_errors(digits_run: dict) -> None:
         assert browser.problems == []
     finally:
         browser.close()
+
+
+def test_each_stage_that_read_data_says_how_many_samples(digits_run: dict) -> None:
+    """Issue 39: report.json records the samples each stage used (the recipe's 200
+    representative rows, the 450 evaluation rows); a cached re-run says the same."""
+    for report in digits_run["reports"]:
+        used = {(name, stage["name"]): stage.get("samples")
+                for name, variant in report["variants"].items() for stage in variant["stages"]}
+        assert used[("int8", "log_ranges")] == 200
+        assert used[("litert_int8", "convert_tflite")] == 200
+        assert used[("litert_dynamic", "convert_tflite")] is None  # no data read
+        assert used[("fp32", "evaluate")] == 450
+        assert used[("fp32", "fold")] is None

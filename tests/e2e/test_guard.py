@@ -7,6 +7,7 @@ says that nothing meets it."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,43 @@ def test_guard_reports_when_nothing_meets_the_budget(digits_example: Path, works
     assert not int8["targets"]["phone"]["budgets_ok"]
     assert report["selected"]["phone"] is None
     assert "none meets its budgets" in capsys.readouterr().out
+
+
+def test_the_console_says_cached_only_for_what_came_from_the_cache(
+        digits_example: Path, workspace: Path, prefect_server: None,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    trials = ("--set", "tune.max_trials=3")
+    # a loose budget: the recipe's own settings meet it, no trial
+    code, _ = run(workspace, *trials, "--set", "targets.0.budgets.max_accuracy_drop=1.0")
+    assert code == 0 and "guard int8" not in capsys.readouterr().err
+    # the budget tightened: the stages of the recipe's settings (trial 0) come from the
+    # cache and say so; the trials run, each says its line, and the summary tells how much
+    # of the chosen one the cache gave, as the table and report.json do
+    code, report = run(workspace, *trials)
+    err = capsys.readouterr().err
+    chosen = next(t for t in report["variants"]["int8"]["trials"] if t["chosen"])
+    stages = report["variants"]["int8"]["stages"]
+    from_cache = sum(s["cached"] for s in stages)
+    tried = len(report["variants"]["int8"]["trials"]) - 1
+    assert code == 0 and tried >= 2 and from_cache < len(stages), stages
+    assert [f"trial {n}/3" in err for n in range(1, tried + 1)] == [True] * tried, err
+    guard_lines = [line.strip() for line in err.splitlines() if "guard int8:" in line]
+    assert guard_lines[-1] == (f"guard int8: {tried} trials run, chose trial "
+                               f"{chosen['trial']}: {from_cache}/{len(stages)} of its stages "
+                               "from the cache"), guard_lines
+    assert all("cached" not in line for line in guard_lines)
+    # each trial line shows the budgeted figure beside its bound, then the guard's measure
+    trial_lines = [line for line in guard_lines if "/3 " in line]
+    assert len(trial_lines) == tried and all(
+        re.search(r"accuracy drop \d\.\d{4} (≤|>) 0\.01; ranked by logit SQNR", line)
+        for line in trial_lines), trial_lines
+    assert all(t["budget_figures"] for t in report["variants"]["int8"]["trials"])
+    # the same run again: every trial from the cache, said once, none replayed
+    code, again = run(workspace, *trials)
+    err = capsys.readouterr().err
+    guard_lines = [line.strip() for line in err.splitlines() if "guard int8" in line]
+    assert guard_lines == [f"guard int8: {tried} trials from the cache, chose trial "
+                           f"{chosen['trial']}"], err
+    assert all(s["cached"] for s in again["variants"]["int8"]["stages"])
+    assert [line.split()[-1] for line in err.splitlines() if line.strip().startswith("✓")] \
+        == ["cached"] * len([line for line in err.splitlines() if "✓" in line])

@@ -182,7 +182,7 @@ def test_kill_9_of_a_worker_mid_stage(digits_example: Path, prefect_server: None
                          "running it died", first_err), first_err[-3000:]
         assert "distributed.scheduler - " not in first_err  # its log lines: not the news
         assert "worker" in first_err.lower(), first_err[-3000:]
-        assert not (tmp_path / "first").exists()  # outputs discarded
+        assert not (tmp_path / "first").exists()  # nothing written
     else:  # completed on the other worker
         report = json.loads((tmp_path / "first" / "report.json").read_text())
         assert not any(stages(report).values())

@@ -7,7 +7,9 @@ board is the emulated aarch64 Python (tests/ssh_board.py).
   target and board, within a bounded time; nothing half-written; the re-run reuses every
   stage that finished, measures and validates litert_int8 on the board (the digits recipe
   end to end over SSH), and the dead runner's folder on the board is removed;
-- a board that hangs mid-measurement: exit 3 at the stage's timeout.
+- a board that hangs mid-measurement: exit 3 at the stage's timeout;
+- Ctrl-C mid-measurement on the emulated board: exit 130, the board's process killed with
+  the run, not waited for until its runs end (issue 39).
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import contextlib
 import fcntl
 import json
 import os
+import shlex
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -153,7 +157,7 @@ def test_a_board_without_its_runtimes_is_exit_2_until_prepared(
     code, _, err = in_process(monkeypatch, board.config, capsys, "run",
                               recipe(workspace, connect), "-o", workspace / "out")
     check_clean_error(code, err, "target arm", connect, "ai_edge_litert", "numpy",
-                      f"orchestrator device prepare {connect}")
+                      f"orchestrator device prepare {shlex.quote(connect)}")
     assert cache_entries(workspace / ".orchestrator") == set()
     nothing_written(workspace)
     # prepare: this host fetches the board's wheels and sends them over the connection
@@ -269,3 +273,49 @@ def test_a_board_that_hangs_mid_measurement_is_exit_3_at_the_timeout(
                                 "target arm", connect, exit_code=3, progress_ok=True)
     assert "no answer in time" in message
     nothing_written(tmp_path)
+
+
+def _board_runners(marker: Path) -> list[int]:
+    """Live measuring programs whose environment names `marker` (this test's TMPDIR):
+    wherever they are in the process tree (a board's runner has its own session)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if b"orchestrator-board-runner" not in (entry / "cmdline").read_bytes():
+                continue
+            if str(marker).encode() not in (entry / "environ").read_bytes():
+                continue
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def test_ctrl_c_mid_measurement_ends_the_board_with_the_run(
+        tmp_path: Path, run_env: dict[str, str], emulated_board: Path) -> None:
+    """A real SIGINT to the run's process group (as a terminal sends it) while the
+    emulated board measures 100000 runs per setting (minutes under qemu): exit 130, one
+    `interrupted`, the board's process gone with the run and no report. Before issue 39
+    the run said goodbye to a runner still measuring and waited 10 s before killing it."""
+    board_tmp = tmp_path / "board-tmp"  # the board's lock and job folders: this test's own
+    board_tmp.mkdir()
+    env = {**run_env, "TMPDIR": str(board_tmp)}
+    connect = f"qemu://aarch64?cpu={CORE}"
+    args = ["run", recipe(tmp_path, connect, runs=100_000, timeout_s=3600), "-o",
+            tmp_path / "out"]
+    run = start_cli(args, env, tmp_path, tmp_path / "logs")
+    assert wait_for(lambda: _measuring(board_tmp), RUN_TIMEOUT_S, 0.05), run.stderr()
+    assert _board_runners(board_tmp), "the board's runner is not among the processes"
+    started = time.monotonic()
+    os.killpg(run.process.pid, signal.SIGINT)
+    [code] = wait_all([run], timeout=RUN_TIMEOUT_S)
+    print(f"SIGINT to exit: {time.monotonic() - started:.2f} s")
+    err = run.stderr()
+    assert code == 130, err[-3000:]
+    assert "Traceback" not in err and err.splitlines().count("interrupted") == 1, err[-2000:]
+    assert _board_runners(board_tmp) == []  # killed with the run, not left measuring
+    assert not (tmp_path / "out" / "report.json").exists()

@@ -209,21 +209,69 @@ def test_history_says_what_force_does_for_history(tmp_path: Path,
     check_clean_error(done.code, done.err, out, "pass --force to replace its contents")
 
 
-def test_a_failed_run_leaves_its_folder_empty(tmp_path: Path) -> None:
-    """After a failure (a server lost at the end of a run), none of the recipe's outputs
-    stay, nor the marker: the empty folder belongs to no recipe."""
-    from orchestrator.results.output_folder import discard, owner_of, read_owner, write_marker
+def _a_run_of_mine(tmp_path: Path) -> tuple[Path, object]:
+    """`out/` holding a run of recipe 'mine' (its marker, report.json, a variant folder)."""
+    from orchestrator.results.output_folder import owner_of, replacing
 
     recipe = tmp_path / "recipes" / "mine.yaml"
-    recipe.parent.mkdir()
+    recipe.parent.mkdir(exist_ok=True)
     recipe.write_text("name: mine\n")
-    out = tmp_path / "out"
-    (out / "fp32").mkdir(parents=True)
-    (out / "fp32" / "model.pb").write_bytes(b"graph")
-    (out / "report.json").write_text("{}")
     owner = owner_of("mine", recipe)
-    write_marker(out, owner)
+    out = tmp_path / "out"
+    with replacing(out, owner) as built:
+        (built / "fp32").mkdir()
+        (built / "fp32" / "model.pb").write_bytes(b"graph")
+        (built / "report.json").write_text("{}")
+    return out, owner
+
+
+def test_a_failed_run_leaves_its_folder_as_it_was(tmp_path: Path) -> None:
+    """Issue 39: a run that fails (a stage, or recording it once its outputs are written)
+    or is interrupted leaves the previous run's folder exactly as it was, and `held_by`
+    says which run it holds; a run that completes replaces it. Leftovers of a killed run
+    (.staging-*, .old-*) go with the next run, but not a live run's."""
+    import fcntl
+    import os
+
+    from orchestrator.results.output_folder import held_by, read_owner, remove_leftovers, replacing
+
+    out, owner = _a_run_of_mine(tmp_path)
     assert read_owner(out) == owner
-    discard(out, owner)
-    assert out.is_dir() and list(out.iterdir()) == []
-    assert read_owner(out) is None
+    before = tree(out)
+    assert held_by(out).startswith(f"{out} still holds the run of 20")
+    assert held_by(out).endswith(" UTC")
+    for error in (RuntimeError("recording the run failed"), KeyboardInterrupt()):
+        with pytest.raises(type(error)), replacing(out, owner) as built:
+            (built / "int8").mkdir()
+            (built / "report.json").write_text('{"new": 1}')
+            raise error
+        assert tree(out) == before, error  # hidden working folders gone too
+
+    # a folder the failed run created is removed; nothing was written, it says
+    fresh = tmp_path / "fresh"
+    with pytest.raises(RuntimeError), replacing(fresh, owner) as built:
+        (built / "report.json").write_text("{}")
+        raise RuntimeError("a stage failed")
+    assert not fresh.exists()
+    assert held_by(fresh) == f"nothing was written to {fresh}"
+
+    # a killed run's leftovers go; a live run's (locked) stay
+    dead = out / ".staging-dead"
+    (dead / "fp32").mkdir(parents=True)
+    (out / ".old-dead").mkdir()
+    live = out / ".staging-live"
+    live.mkdir()
+    fd = os.open(live, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        assert sorted(remove_leftovers(out)) == [".old-dead", ".staging-dead"]
+        assert live.is_dir() and tree(out, skip=[".staging-live"]) == before
+    finally:
+        os.close(fd)
+    assert remove_leftovers(out) == [".staging-live"]
+
+    # a run that completes replaces the folder whole
+    with replacing(out, owner) as built:
+        (built / "int8").mkdir()
+        (built / "report.json").write_text('{"new": 2}')
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "int8", "report.json"]

@@ -1,0 +1,283 @@
+"""Which variant each target ships, and why, in the words of one rule.
+
+Per target, among the variants that meet every budget:
+1. the lowest latency the target reads (its board's measurement, else the estimate); estimates
+   within ESTIMATE_TIE of the lowest, or within the spread of the timings they were
+   calibrated on, cannot tell variants apart;
+2. among those, the fastest p50 measured on this host, where it is faster beyond the noise
+   of both measurements: the larger coefficient of variation of the two, at least
+   NOISE_FLOOR. Within it (or where a variant has no host measurement) it is a tie;
+3. a tie is broken by a stable rule, the same on every run: the smaller file, then the
+   simpler kind (KIND_ORDER), then recipe order.
+
+So a loaded host, whose timings spread, leaves more to the stable rule instead of letting
+its noise pick the file.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.formatting import apart, format_ms, format_size
+
+# Estimates within this share of the lowest cannot tell variants apart: the measured host
+# latency decides among them (then the size).
+ESTIMATE_TIE = 0.10
+# Two host timings closer than this share are a tie, however tight their spread.
+NOISE_FLOOR = 0.05
+# The estimate is slower but this host measures a variant faster by more than this share
+# (and beyond the timings' noise): the reasons say the two disagree.
+MEASURED_NOISE = 0.10
+# Simpler first: a plain file before one that needs a memory-mapped loader, before one that
+# needs a key.
+KIND_ORDER = {"graphdef": 0, "tflite": 0, "memmapped": 1, "encrypted": 2}
+
+
+def _estimate(variant: Mapping[str, Any], target: str) -> float:
+    """The latency selection reads for a target: its board's measurement where a real
+    board measured it, else the estimate (`latency_basis` says which)."""
+    result = variant["targets"][target]
+    est = result.get("latency_ms", result["est_latency_ms"])
+    return float("inf") if est is None else float(est)
+
+
+def _estimate_spread(variant: Mapping[str, Any], target: str) -> float:
+    """The coefficient of variation of the timings the target's latency comes from: the
+    board's where it measured it, else this host's where the estimate was calibrated on
+    them; 0.0 for an estimate from FLOPs alone (no timing in it)."""
+    result = variant["targets"][target]
+    if result.get("latency_basis", "estimated") != "estimated":
+        cv = ((result.get("measured") or {}).get("latency_ms") or {}).get("cv")
+    else:
+        cv = (result.get("estimate") or {}).get("host_cv")
+    return float(cv or 0.0)
+
+
+def _tag(variant: Mapping[str, Any], target: str) -> str:
+    """How a latency is marked: "est." or "measured"."""
+    basis = variant["targets"][target].get("latency_basis", "estimated")
+    return "est." if basis == "estimated" else "measured"
+
+
+def _measured(variant: Mapping[str, Any]) -> float:
+    p50 = (variant.get("latency_ms") or {}).get("p50")
+    return float("inf") if p50 is None else float(p50)
+
+
+def host_noise(first: Mapping[str, Any], second: Mapping[str, Any]) -> float:
+    """The share within which two host p50s are a tie: the larger cv of the two, at least
+    NOISE_FLOOR."""
+    cvs = [float((v.get("latency_ms") or {}).get("cv") or 0.0) for v in (first, second)]
+    return max(NOISE_FLOOR, *cvs)
+
+
+def _kind_rank(variant: Mapping[str, Any]) -> int:
+    return KIND_ORDER.get(str(variant.get("kind", "graphdef")), len(KIND_ORDER))
+
+
+@dataclass
+class _Decision:
+    """How the rule went for one target: `close` the variants whose latencies tie with the
+    lowest (recipe order), `slower` those of them this host measured slower beyond noise,
+    `tied` the rest (a tie the stable rule broke when more than one), `by` what decided."""
+
+    chosen: str
+    lowest: str
+    close: list[str]
+    slower: list[str]
+    tied: list[str]
+    by: str  # "only", "latency", "host", "size", "kind", "order"
+    est_share: float  # the share within which estimates tied here
+
+
+def _decide(ok: Mapping[str, Mapping[str, Any]], target: str) -> _Decision:
+    names = list(ok)  # recipe order
+    if len(names) == 1:
+        return _Decision(names[0], names[0], names, [], [], "only", ESTIMATE_TIE)
+    order = {n: i for i, n in enumerate(names)}
+    lowest = min(names, key=lambda n: (_estimate(ok[n], target), order[n]))
+    floor = _estimate(ok[lowest], target)
+
+    def share(name: str) -> float:
+        return max(ESTIMATE_TIE, _estimate_spread(ok[name], target),
+                   _estimate_spread(ok[lowest], target))
+
+    close = [n for n in names if not math.isfinite(floor)
+             or _estimate(ok[n], target) <= floor * (1 + share(n))]
+    est_share = max(share(n) for n in close)
+    if len(close) == 1:
+        return _Decision(lowest, lowest, close, [], close, "latency", est_share)
+    timed = [n for n in close if math.isfinite(_measured(ok[n]))]
+    slower: list[str] = []
+    if timed:
+        fastest = min(timed, key=lambda n: (_measured(ok[n]), order[n]))
+        best = _measured(ok[fastest])
+        slower = [n for n in timed if _measured(ok[n])
+                  > best * (1 + host_noise(ok[n], ok[fastest]))]
+    tied = [n for n in close if n not in slower]
+    if len(tied) == 1:
+        return _Decision(tied[0], lowest, close, slower, tied, "host", est_share)
+    key = {n: (ok[n]["size_bytes"], _kind_rank(ok[n]), order[n]) for n in tied}
+    chosen = min(tied, key=key.__getitem__)
+    runner_up = min((n for n in tied if n != chosen), key=key.__getitem__)
+    by = ("size" if key[chosen][0] != key[runner_up][0]
+          else "kind" if key[chosen][1] != key[runner_up][1] else "order")
+    return _Decision(chosen, lowest, close, slower, tied, by, est_share)
+
+
+def _passing(variants: Mapping[str, Mapping[str, Any]], target: str
+             ) -> dict[str, Mapping[str, Any]]:
+    return {name: v for name, v in variants.items() if v["targets"][target]["budgets_ok"]}
+
+
+def select(variants: Mapping[str, Mapping[str, Any]], target_names: list[str]
+           ) -> dict[str, str | None]:
+    """Per target: among the variants meeting every budget, those whose latency ties with
+    the lowest (ESTIMATE_TIE, or the spread of its timings); of these the fastest measured
+    on this host beyond the noise of the timings; a tie broken by the smaller file, the
+    simpler kind, then recipe order. None when no variant meets the budgets."""
+    selected: dict[str, str | None] = {}
+    for target in target_names:
+        ok = _passing(variants, target)
+        selected[target] = _decide(ok, target).chosen if ok else None
+    return selected
+
+
+def selection_reasons(variants: Mapping[str, Mapping[str, Any]],
+                      selected: Mapping[str, str | None]) -> dict[str, dict[str, str]]:
+    """Per target and variant, why it was or was not selected, in the words of the rule
+    `select` applies: every budget met, the lowest latency, the measured host latency among
+    latencies that tie, a tie broken by size, kind, recipe order. Where the estimate and
+    this host's measurement rank two variants the opposite way beyond noise, the reason
+    says so. Timings and sizes as formatting shows them everywhere (µs/ms, MiB)."""
+    reasons: dict[str, dict[str, str]] = {}
+    for target, chosen in selected.items():
+        why: dict[str, str] = {}
+        ok = _passing(variants, target)
+        decision = _decide(ok, target) if ok else None
+        for name, variant in variants.items():
+            result = variant["targets"][target]
+            if not result["budgets_ok"]:
+                why[name] = "breaks a budget: " + "; ".join(result["violations"])
+            elif decision is not None and chosen is not None:
+                why[name] = (_chosen_reason(name, ok, target, decision) if name == chosen
+                             else _other_reason(name, ok, target, decision, chosen))
+        reasons[target] = why
+    return reasons
+
+
+def _share_words(share: float) -> str:
+    return f"{share:.0%}" + ("" if share <= ESTIMATE_TIE else " (the spread of its timings)")
+
+
+def _chosen_reason(name: str, ok: Mapping[str, Mapping[str, Any]], target: str,
+                   decision: _Decision) -> str:
+    """Why `select` chose `name`, naming only the steps of its rule that decided."""
+    if decision.by == "only":
+        return "selected: meets every budget; the only variant that does"
+    est = _estimate(ok[name], target)
+    floor = _estimate(ok[decision.lowest], target)
+    parts = ["selected: meets every budget"]
+    if not math.isfinite(est):
+        parts.append("no variant has an estimated latency (add benchmark to the pipelines)")
+    elif est <= floor:
+        parts.append(f"lowest {'estimated' if _tag(ok[name], target) == 'est.' else 'measured'}"
+                     f" latency ({format_ms(est)} {_tag(ok[name], target)})")
+    else:
+        mine, theirs = _ms_pair(est, floor)
+        parts.append(f"estimated latency {mine}, within {_share_words(decision.est_share)} "
+                     f"of the lowest ({decision.lowest}'s {theirs})")
+    if decision.by == "latency":
+        return "; ".join(parts)
+    others = [n for n in decision.close if n != name]
+    if est <= floor and math.isfinite(est) and decision.slower:
+        parts.append(f"within {_share_words(decision.est_share)} of it: " + ", ".join(
+            f"{n} ({format_ms(_estimate(ok[n], target))} {_tag(ok[n], target)})"
+            for n in others))
+    measured = _measured(ok[name])
+    if decision.slower:
+        vs = ", ".join(f"{n}'s {format_ms(_measured(ok[n]))}" for n in decision.slower)
+        noise = max(host_noise(ok[name], ok[n]) for n in decision.slower)
+        parts.append(f"{'the fastest' if decision.by == 'host' else 'faster'} measured on "
+                     f"this host ({format_ms(measured)} p50 vs {vs}; beyond the {noise:.0%} "
+                     "noise of the timings)")
+    if decision.by != "host":
+        parts.append(_tie_words(name, ok, decision))
+    return "; ".join(parts)
+
+
+def _tie_words(name: str, ok: Mapping[str, Mapping[str, Any]], decision: _Decision) -> str:
+    """The tie among `decision.tied` and how the stable rule broke it for `name`."""
+    rivals = [n for n in decision.tied if n != name]
+    timed = [n for n in [name, *rivals] if math.isfinite(_measured(ok[n]))]
+    if len(timed) >= 2:
+        noise = max(host_noise(ok[a], ok[b]) for a in timed for b in timed if a != b)
+        host = ("this host's p50s (" + ", ".join(f"{n} {format_ms(_measured(ok[n]))}"
+                                                 for n in timed)
+                + f") are within the {noise:.0%} noise of their timings")
+        unmeasured = [n for n in decision.tied if n not in timed]
+        if unmeasured:
+            host += f"; {', '.join(unmeasured)} not measured on this host"
+    elif timed:
+        host = f"only {timed[0]} measured on this host"
+    else:
+        host = "none measured on this host"
+    if decision.by == "size":
+        rival = min(rivals, key=lambda n: ok[n]["size_bytes"])
+        mine, theirs = apart(ok[name]["size_bytes"], ok[rival]["size_bytes"], format_size)
+        broken = f"the smaller file ({mine} vs {rival}'s {theirs})"
+    elif decision.by == "kind":
+        broken = (f"the simpler kind ({ok[name].get('kind', 'graphdef')}; the same size as "
+                  f"{', '.join(rivals)})")
+    else:
+        broken = f"recipe order (the same size and kind as {', '.join(rivals)})"
+    return f"a tie ({host}), broken by {broken}"
+
+
+def _other_reason(name: str, ok: Mapping[str, Mapping[str, Any]], target: str,
+                  decision: _Decision, chosen: str) -> str:
+    """Why `name`, which meets every budget, was not chosen."""
+    variant, best = ok[name], ok[chosen]
+    est, best_est = _estimate(variant, target), _estimate(best, target)
+    measured, best_measured = _measured(variant), _measured(best)
+    if name not in decision.close:
+        mine, theirs = _ms_pair(est, best_est)
+        why = (f"meets every budget, but {name}'s estimated latency {mine} > {chosen}'s "
+               f"{theirs}")
+        noise = max(MEASURED_NOISE, host_noise(variant, best))
+        if math.isfinite(measured) and math.isfinite(best_measured) \
+                and measured < best_measured * (1 - noise):
+            mine, theirs = _ms_pair(measured, best_measured)
+            why += (f". Measured on this host it is the faster one ({mine} vs {theirs} p50): "
+                    "the estimate for the device and this host's measurement disagree")
+        return why
+    mine, theirs = _ms_pair(est, best_est)
+    if name in decision.slower:
+        host_mine, host_theirs = _ms_pair(measured, best_measured)
+        return (f"meets every budget, estimated latency close to {chosen}'s ({mine} vs "
+                f"{theirs}), but slower measured on this host ({host_mine} vs {host_theirs} "
+                "p50)")
+    if decision.by == "size":
+        size_mine, size_theirs = apart(variant["size_bytes"], best["size_bytes"], format_size)
+        lost = f"larger ({size_mine} vs {size_theirs})"
+    elif decision.by == "kind":
+        lost = f"the same size, a less simple kind ({variant.get('kind', 'graphdef')})"
+    else:
+        lost = "the same size and kind, later in the recipe"
+    host = ""
+    if math.isfinite(measured) and math.isfinite(best_measured):
+        host_mine, host_theirs = _ms_pair(measured, best_measured)
+        host = f"; host p50 {host_mine} vs {host_theirs}, within noise"
+    return (f"meets every budget, a tie with {chosen} (estimated latency {mine} vs "
+            f"{theirs}{host}), but {lost}")
+
+
+def _ms_pair(first: float, second: float) -> tuple[str, str]:
+    """Two timings, 3 significant digits, more where 3 would print them equal."""
+    if not (math.isfinite(first) and math.isfinite(second)):
+        return format_ms(first if math.isfinite(first) else None), format_ms(
+            second if math.isfinite(second) else None)
+    return apart(first, second, format_ms)
