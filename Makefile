@@ -20,6 +20,10 @@ export TF_CPP_MIN_LOG_LEVEL := 2
 # run nor the tests import (a fifth of the bytecode, sympy alone 8 %): were one imported,
 # Python compiles it then, once
 UNIMPORTED := sympy|mpmath|networkx|playwright|apprise|setuptools|cfnlint|wcwidth
+# setuptools' note on every editable install ("Editable installation ... Please be careful
+# with folders in your working directory with the same name as your package"): a warning
+# filter on that message alone, for the backend and pip; other warnings and every error show
+QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 COMPILE_SITE := $(PY) -m compileall -q -j 0 -x '/tests?/|/($(UNIMPORTED))/' \
 	"$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" > /dev/null
 
@@ -27,7 +31,7 @@ COMPILE_SITE := $(PY) -m compileall -q -j 0 -x '/tests?/|/($(UNIMPORTED))/' \
 $(DEMO_STAMP): pyproject.toml $(DEMO_LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -c $(DEMO_LOCK) pip
-	$(PY) -m pip install -q --no-compile -c $(DEMO_LOCK) -e .
+	$(QUIET_EDITABLE) $(PY) -m pip install -q --no-compile -c $(DEMO_LOCK) -e .
 	$(COMPILE_SITE)
 	touch $@
 
@@ -37,7 +41,7 @@ $(DEMO_STAMP): pyproject.toml $(DEMO_LOCK)
 $(TEST_STAMP): pyproject.toml $(DEMO_LOCK) $(TEST_LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -c $(TEST_LOCK) pip
-	$(PY) -m pip install -q --no-compile -c $(TEST_LOCK) -e ".[test]"
+	$(QUIET_EDITABLE) $(PY) -m pip install -q --no-compile -c $(TEST_LOCK) -e ".[test]"
 	$(COMPILE_SITE)
 	test -e $(DEMO_STAMP) || touch $(DEMO_STAMP)
 	touch $@

@@ -7,8 +7,9 @@ The project is found as runs find it (orchestrator.cache.project): the nearest f
 recipe (or folder, or the working directory) holding `.git` or `pyproject.toml`. MLflow's
 UI is `mlflow server` on that project's `mlruns/mlflow.db` (or MLFLOW_TRACKING_URI), one
 worker, without telemetry or background jobs. Prefect's UI is served by the local server
-runs share (flow/local_server.py): attached with a lease, so that it stays up while the UI is
-open, or started when none runs. Ctrl-C or SIGTERM stops what this command started and
+runs share (flow/local_server.py), whose database is the project's own
+(.orchestrator/prefect.db), so that it lists this project's flow runs only: attached with a
+lease, so that it stays up while the UI is open, or started when none runs. Ctrl-C or SIGTERM stops what this command started and
 nothing else: the MLflow server, and the Prefect server unless a run is using it by then.
 """
 

@@ -94,7 +94,8 @@ def close_session(ref: RunRef) -> None:
 
 
 def load_source(loaded: LoadedRecipe) -> ModelArtifact:
-    """Load the recipe's model source; ModelSourceError located at `model.path`."""
+    """Load the recipe's model source; ModelSourceError located at `model.path`, or at the
+    `model.inputs`/`model.outputs` entry it names (its `field`)."""
     from orchestrator.model.sources import load_model
 
     model = loaded.recipe.model
@@ -106,7 +107,10 @@ def load_source(loaded: LoadedRecipe) -> ModelArtifact:
     try:
         return load_model(loaded.resolve(model.path), model.format, inputs, model.outputs)
     except ModelSourceError as exc:
-        raise loaded.relocate(exc, ("model", "path")) from exc
+        entry = (exc.field or "").split(".")
+        loc = tuple(int(p) if p.isdigit() else p for p in entry) if entry[:2] in (
+            ["model", "inputs"], ["model", "outputs"]) else ("model", "path")
+        raise loaded.relocate(exc, loc) from exc
 
 
 def preflight_data(loaded: LoadedRecipe, data: RunData) -> None:

@@ -7,10 +7,10 @@ replaces the folder's contents whole: the outputs are built in a hidden `.stagin
 inside it, then, with Ctrl-C held, the old entries move out (to `.old-*`) and the new ones
 in (renames within one folder), so that the folder holds the previous run's outputs or this
 run's, never a mix of the two; stale files of earlier runs (a variant since removed from
-the recipe, a picture no longer drawn) do not survive. The previous outputs are removed
-only once the run is recorded: a run that fails, is interrupted (Ctrl-C, SIGTERM) or is
-killed leaves the folder exactly as it was (`held_by`: what it still holds), and a run that
-completes but breaks a budget (exit 1) replaces it.
+the recipe, a picture no longer drawn) do not survive. The swap is a run's last step, once
+MLflow recorded the outputs (read from the hidden folder): a run that fails, is interrupted
+(Ctrl-C, SIGTERM) or is killed leaves the folder exactly as it was (`held_by`: what it
+still holds), and a run that completes but breaks a budget (exit 1) replaces it.
 
 A run holds a lock (flock) on its working folders while it writes them; the working
 folders of a run that was killed (`kill -9`) are removed by the next run of the folder
@@ -230,12 +230,14 @@ def replacing(folder: Path, owner: Owner) -> Iterator[Path]:
 
     created = not folder.exists()
     locks: list[int] = []
+    working: list[Path] = []
     done = False
     try:
         try:
             folder.mkdir(parents=True, exist_ok=True)
             remove_leftovers(folder)
             built = _working_folder(folder, ".staging-", locks)
+            working.append(built)
         except OSError as exc:
             raise OutputError(f"cannot write the outputs to {folder}: "
                               f"{describe_os_error(exc)}", file=str(folder)) from exc
@@ -243,6 +245,7 @@ def replacing(folder: Path, owner: Owner) -> Iterator[Path]:
             yield built
             write_marker(built, owner, final=folder)
             old = _working_folder(folder, ".old-", locks)
+            working.append(old)
             _swap_in(folder, built, old)
             done = True
         except OutputError as exc:  # name the folder the user gave, not our hidden one
@@ -252,10 +255,8 @@ def replacing(folder: Path, owner: Owner) -> Iterator[Path]:
             raise OutputError(f"cannot write the outputs to {folder}: "
                               f"{describe_os_error(exc)}", file=str(folder)) from exc
     finally:
-        for name in os.listdir(folder) if locks else ():
-            if name.startswith(_SWAP_FOLDERS) and any(
-                    os.path.samestat(os.fstat(fd), os.lstat(folder / name)) for fd in locks):
-                shutil.rmtree(folder / name, ignore_errors=True)  # ours: built and old
+        for path in working:  # built (empty once swapped in) and the previous outputs
+            shutil.rmtree(path, ignore_errors=True)
         for fd in locks:
             os.close(fd)  # the lock goes with it
         if created and not done:

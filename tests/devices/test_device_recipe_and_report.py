@@ -155,3 +155,101 @@ def test_the_gate_compares_board_figures_where_both_runs_have_them() -> None:
     lone = copy.deepcopy(base)
     del lone["variants"]["a"]["targets"]["pi"]["measured"]
     assert not [r for r in compare(lone, base, Limits()).rows if "board" in r.metric]
+
+
+# ---- issue 39: one word per figure, threads within the board --------------------------
+
+
+def test_on_a_board_fidelity_is_against_the_source_and_agreement_against_the_host() -> None:
+    """The board ran the same file as this host (the same outputs: agreement 1.0), whose
+    8-bit outputs disagree with the float source's on 3 of 20 samples: the board's
+    fidelity is 0.85, as evaluate says on the host, not 1.0. Accuracy is the first class
+    output's, as evaluate scores it (the first output here is a box, not classes)."""
+    import numpy as np
+
+    from orchestrator.devices.measurement import compare
+
+    rng = np.random.default_rng(0)
+    source_scores = rng.dirichlet(np.ones(5), size=20)
+    labels = source_scores.argmax(axis=1)
+    quantized = source_scores.copy()
+    for row in range(3):  # three samples' top class moves
+        quantized[row] = np.roll(quantized[row], 1)
+    boxes = rng.normal(size=(20, 4))
+    device = host = [boxes, quantized]
+    compared = compare(device, host, ["box", "probs"], labels, kinds=["values", "class_scores"],
+                       source=[boxes, source_scores])
+    assert compared["fidelity"] == pytest.approx(0.85)
+    assert compared["agreement_with_host"] == 1.0 and compared["top1_agreement"] == 1.0
+    assert compared["accuracy"] == compared["host_accuracy"] == pytest.approx(0.85)
+    assert compared["outputs"]["probs"]["top1_agreement"] == 1.0  # per output: the host's
+    # random inputs (no evaluation data): no source outputs, no fidelity to claim
+    alone = compare(device, host, ["box", "probs"], None, kinds=None)
+    assert alone["fidelity"] is None and alone["agreement_with_host"] == 1.0
+
+
+@pytest.mark.parametrize(("asked", "cores", "timed", "capped_from"), [
+    ([1, 8], 2, [1, 2], 8),       # phone-modern's 8 cores on the 2-core emulated board
+    ([8], 2, [2], 8),             # the first setting (latency_ms) too
+    ([4, 8, 1], 2, [2, 1], 8),    # order kept, each once
+    ([1, 2], 4, [1, 2], None),    # within the board: as asked
+    ([1, 8], None, [1, 8], None),  # a board that did not say
+])
+def test_thread_settings_are_capped_at_the_boards_cores(
+        asked: list[int], cores: int | None, timed: list[int], capped_from: int | None
+        ) -> None:
+    from orchestrator.stages.measure_on_device import _capped
+
+    assert _capped(asked, cores) == (timed, capped_from)
+
+
+def measured_on_board(**changes: Any) -> dict[str, Any]:
+    figures = {**board(0.44, 0.9933, emulated=True), "first": 26.0, "threads": 1,
+               "threads_matrix": [{"threads": 1}, {"threads": 2}], "threads_capped_from": 8,
+               "fidelity": 0.96, "agreement_with_host": 1.0, "outputs": {}}
+    figures["board"] = {"machine": "aarch64", "cpu": "Cortex-A76", "cores": 2}
+    figures.update(changes)
+    return figures
+
+
+def test_the_board_table_names_each_figure_and_says_threads_were_capped() -> None:
+    from orchestrator.results.device_figures import capped_lines, device_rows
+
+    report = {"variants": {"lite": variant(0.5, 0.96, measured_on_board())}}
+    [row] = device_rows(report)
+    assert row["fidelity"] == "0.9600" and row["agreement with host"] == "1.0000"
+    assert "threads capped at the board's 2 cores (asked 8)" in row["note"]
+    assert capped_lines(report, "pi") == [
+        "lite: threads capped at the board's 2 cores (asked up to 8; timed 1, 2)"]
+    # a report from before: its board `fidelity` was the agreement with the host
+    old = measured_on_board(fidelity=1.0, threads_capped_from=None)
+    del old["agreement_with_host"], old["top1_agreement"]
+    [row] = device_rows({"variants": {"lite": variant(0.5, 0.96, old)}})
+    assert row["fidelity"] == "-" and row["agreement with host"] == "1.0000"
+    assert "capped" not in row["note"]
+
+
+def test_mlflow_logs_the_boards_fidelity_and_its_agreement_with_the_host_apart() -> None:
+    from orchestrator.tracking.worker import device_metrics, variant_metrics
+
+    metrics = variant_metrics(variant(0.5, 0.96, measured_on_board()))
+    assert metrics["device_fidelity.pi"] == 0.96
+    assert metrics["device_agreement_with_host.pi"] == 1.0
+    assert metrics["device_accuracy.pi"] == 0.9933
+    assert device_metrics("pi", {"measured": False, "reason": "no tensorflow"}) == {}
+
+
+def test_min_device_agreement_reads_the_agreement_with_the_host_not_the_fidelity() -> None:
+    from orchestrator.measure.budgets import check_budgets
+    from orchestrator.spec.models import Budgets
+
+    figures = measured_on_board(fidelity=0.5, agreement_with_host=0.999)
+    del figures["top1_agreement"]  # a model without class outputs
+    budgets = Budgets(min_device_agreement=0.99)
+    kept = variant(0.5, 0.99, None)
+    assert not [v for v in check_budgets(kept, budgets, 0.5, on_device=figures)
+                if "agreement" in str(v)]
+    figures["agreement_with_host"] = 0.9
+    [broken] = [v for v in check_budgets(kept, budgets, 0.5, on_device=figures)
+                if "agreement" in str(v)]
+    assert "0.9000" in str(broken)

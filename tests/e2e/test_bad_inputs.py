@@ -52,9 +52,38 @@ def test_output_name_not_in_graph(digits_example: Path, workspace: Path, prefect
                                   capsys: pytest.CaptureFixture[str]) -> None:
     code, err = run(FIXTURES / "recipes" / "bad_io_names.yaml", workspace, capsys)
     assert code == 2
-    assert "no_such_output" in err and "bad_io_names.yaml:4:" in err
+    # at the outputs entry (line 5), not at model.path (line 4)
+    assert "no_such_output" in err and "bad_io_names.yaml:5:" in err
+    assert "[model.outputs.0]" in err
     assert not (workspace / "out").exists()
     assert cache_entries(workspace) == []
+
+
+@pytest.mark.parametrize(("entry", "line", "field", "said"), [
+    ("{name: image, dtype: float32, shape: [1, 9, 9, 1]}", 8, "model.inputs.0.shape",
+     "input 'image' has shape [None, 8, 8, 1] in the model; the recipe's [1, 9, 9, 1] does "
+     "not fit it"),
+    ("{name: image, dtype: int32, shape: [1, 8, 8, 1]}", 8, "model.inputs.0.dtype",
+     "input 'image' is float32 in the model, but the recipe says int32"),
+    ("{name: no_such_input}", 8, "model.inputs.0.name", "input 'no_such_input' not found")])
+def test_a_wrong_input_entry_is_reported_at_its_line(
+        entry: str, line: int, field: str, said: str, digits_example: Path,
+        workspace: Path) -> None:
+    from orchestrator.engine.prepared_run import load_source
+    from orchestrator.errors import ModelSourceError
+    from orchestrator.recipe.loading import load_recipe
+
+    recipe = workspace / "recipe.yaml"
+    # model.path on line 5, the inputs entry on line 8, as a person lays a recipe out
+    recipe.write_text(f"version: 1\nname: bad\n\nmodel:\n  path: {DIGITS / 'saved_model'}\n"
+                      f"  format: auto\n  inputs:\n    - {entry}\n"
+                      "pipelines:\n  fp32:\n    stages: [freeze]\n")
+    with pytest.raises(ModelSourceError) as info:
+        load_source(load_recipe(recipe))
+    text = str(info.value)
+    assert text.startswith(f"{recipe}:{line}:"), text
+    assert f"[{field}]" in text and said in text
+    assert str(DIGITS / "saved_model") in text  # the model it was checked against
 
 
 def test_evaluation_shape_does_not_fit(digits_example: Path, workspace: Path,

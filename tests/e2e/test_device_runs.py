@@ -26,6 +26,14 @@ def check_measured(report: dict, connect: str) -> dict:
     host_accuracy = report["variants"]["litert_int8"]["accuracy"]
     assert abs(measured["accuracy"] - host_accuracy) <= 0.005
     assert measured["top1_agreement"] >= 0.99
+    # one word, one meaning (issue 39): fidelity against the float source model, as the
+    # variant's on this host; the agreement with this host's outputs under its own name
+    assert abs(measured["fidelity"] - report["variants"]["litert_int8"]["fidelity"]) <= 0.005
+    assert measured["agreement_with_host"] >= 0.99
+    # phone-modern's 8 cores on a board with fewer: every setting within the board's
+    cores = measured["board"]["cores"]
+    assert max(row["threads"] for row in measured["threads_matrix"]) == min(cores, 8)
+    assert measured.get("threads_capped_from") == (8 if cores < 8 else None)
     assert measured["latency_ms"]["count"] == 50 and measured["latency_ms"]["p50"] > 0
     assert measured["load"]["load_ms"] > 0 and "rss_growth_mb" in measured["load"]
     # selection says which figures it used: an emulated board's timings decide nothing
@@ -65,6 +73,9 @@ def test_emulated_board_measures_and_validates_litert_int8(
     assert "measured on arm's board: qemu://aarch64?cpu=cortex-a76, aarch64 Cortex-A76 " \
            "(emulated)" in console
     assert "its timings are qemu's, not the core's" in console
+    if measured.get("threads_capped_from"):
+        assert (f"litert_int8: threads capped at the board's {measured['board']['cores']} "
+                "cores (asked up to 8") in console
     page = (out / "report.html").read_text()
     assert "Measured on the targets' boards" in page and "Cortex-A76" in page
     # the benchmark's tables: each LiteRT variant on the board, and the SSH overhead

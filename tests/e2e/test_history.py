@@ -57,24 +57,26 @@ def history_runs(digits_example: Path, prefect_server: None,
         codes.append(main(["run", str(recipe), "-o", str(work / "out2"), "--variant", "fp32",
                            "--variant", "litert_dynamic"]))
         died = _died_run(env["MLFLOW_TRACKING_URI"], recipe)
+        interrupted = _died_run(env["MLFLOW_TRACKING_URI"], recipe, "KILLED")
     reports = [json.loads((work / f"out{i}" / "report.json").read_text()) for i in (1, 2)]
     return {"work": work, "recipe": recipe, "env": env, "codes": codes, "commits": commits,
-            "reports": reports, "died": died}
+            "reports": reports, "died": died, "interrupted": interrupted}
 
 
-def _died_run(uri: str, recipe: Path) -> str:
+def _died_run(uri: str, recipe: Path, status: str = "FAILED") -> str:
     """A parent run as the tracking worker leaves one whose run died before `finish`:
-    its tags and params, no figures, no selection, FAILED."""
+    its tags and params, no figures, no selection, FAILED (KILLED: as it leaves an
+    interrupted run's)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("digits-cnn").experiment_id
-    run = client.create_run(experiment, run_name="digits-cnn@died",
+    run = client.create_run(experiment, run_name=f"digits-cnn@{status.lower()}",
                             tags={"orchestrator.recipe": str(recipe),
                                   "orchestrator.recipe_name": "digits-cnn"})
     client.log_param(run.info.run_id, "targets", "phone, pi")
     client.log_param(run.info.run_id, "recipe.git_commit", "none")
-    client.set_terminated(run.info.run_id, "FAILED")
+    client.set_terminated(run.info.run_id, status)
     return run.info.run_id
 
 
@@ -101,7 +103,8 @@ def test_rows_equal_each_runs_report(tracked: dict, capsys: pytest.CaptureFixtur
     assert code == 0
     rows = json.loads(out)
     run_order = list(dict.fromkeys(row["run_id"] for row in rows))
-    assert run_order == [first["mlflow_run_id"], second["mlflow_run_id"], tracked["died"]]
+    assert run_order == [first["mlflow_run_id"], second["mlflow_run_id"], tracked["died"],
+                         tracked["interrupted"]]
     assert [row["start_time"] for row in rows] == sorted(row["start_time"] for row in rows)
     for report, commit in zip(tracked["reports"], tracked["commits"], strict=True):
         mine = [row for row in rows if row["run_id"] == report["mlflow_run_id"]]
@@ -133,6 +136,9 @@ def test_rows_equal_each_runs_report(tracked: dict, capsys: pytest.CaptureFixtur
     for row in died:
         assert row["status"] == "FAILED" and row["selected"] is None
         assert "failed" in row["note"]
+    interrupted = [row for row in rows if row["run_id"] == tracked["interrupted"]]
+    assert [(row["status"], row["note"]) for row in interrupted] == [
+        ("KILLED", "interrupted")] * 2  # issue 39: not "run failed"
 
 
 def test_table_and_chart(tracked: dict, capsys: pytest.CaptureFixture[str]) -> None:
@@ -148,6 +154,7 @@ def test_table_and_chart(tracked: dict, capsys: pytest.CaptureFixture[str]) -> N
     assert any(chosen in line and size in line and tracked["commits"][1][:7] in line
                for line in lines)
     assert "no variant met the budgets" in out and "run failed" in out
+    assert sum("interrupted" in line for line in lines) == 2  # a row per target
     assert "p50 measured on: " in out and "estimated for the target's device" in out
     assert "MiB = 1,048,576 bytes" in out
     # timings with 3 significant digits, in µs below 1 ms (LiteRT's are a few µs)

@@ -367,3 +367,36 @@ def test_a_run_that_does_not_complete_keeps_the_last_run(
     assert code == 1, run.stderr()[-3000:]
     assert output_is_whole_or_absent(out) == "whole"
     assert "tiny" in json.loads((out / "report.json").read_text())["targets"]
+
+
+def test_ctrl_c_in_the_last_moments_of_exit_keeps_the_exit_code(
+        tmp_path: Path, load_env: dict[str, str]) -> None:
+    """Issue 39: the interpreter gives SIGINT back to the system as it finalizes (after the
+    exit handlers, before it frees the modules), and a Ctrl-C then ended the process by
+    the signal (exit -2), the cause of `exit -2 after Ctrl-C` in the double Ctrl-C test.
+    Made wide here: an object freed as `sys` is finalized says so and waits; a Ctrl-C
+    then is ignored, and the command's own exit code stands."""
+    child = ("import os, signal, sys, time\n"
+             "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+             "class Slow:\n"
+             "    def __del__(self, write=os.write, sleep=time.sleep):\n"
+             "        write(2, b'finalizing\\n')\n"
+             "        sleep(3)\n"
+             "sys.slow_to_free = Slow()\n"
+             "from orchestrator.cli.main import console_main\n"
+             f"sys.argv = ['orchestrator', 'schema', '-o', {str(tmp_path / 's.json')!r}]\n"
+             "console_main()\n")
+    err_path = tmp_path / "err"
+    with open(err_path, "wb") as err:
+        process = subprocess.Popen([sys.executable, "-c", child], env=load_env, cwd=tmp_path,
+                                   stdout=subprocess.DEVNULL, stderr=err,
+                                   stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        assert wait_for(lambda: b"finalizing" in err_path.read_bytes()
+                        or process.poll() is not None, 60, 0.01)
+        kill_group(process, signal.SIGINT)
+        code = process.wait(timeout=60)
+    finally:
+        kill_group(process)
+    text = err_path.read_text(errors="replace")
+    assert "finalizing" in text and code == 0, f"exit {code}:\n{text[-3000:]}"

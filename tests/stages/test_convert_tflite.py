@@ -373,3 +373,92 @@ def test_each_mode_says_what_its_file_computes_in(convert, mode: str, verdict: s
                  if op not in ("QUANTIZE", "DEQUANTIZE")]
     float_out = [op for op, outs in computing if outs[0] == np.float32]
     assert (not float_out) == (verdict == "int8"), float_out
+
+
+# --- several outputs: found by name through the signature, never by position -------------
+
+def _split_heads() -> ModelArtifact:
+    """frames (N, 4, 3) -> dense 20 -> split into heads of 11, 4 and 5 (`heads`,
+    `heads:1`, `heads:2`: one op's outputs), the model's outputs out of graph order."""
+    import tensorflow as tf
+
+    from orchestrator.model.artifact import TensorSpec
+
+    rng = np.random.default_rng(5)
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 4, 3], name="frames")
+        h = tf.matmul(tf.reshape(x, [-1, 3]),
+                      tf.constant(rng.normal(size=(3, 20)).astype(np.float32)))
+        tf.split(tf.reshape(h, [-1, 4, 20]), [11, 4, 5], axis=-1, name="heads")
+    return ModelArtifact(graph_def=graph.as_graph_def(),
+                         inputs=(TensorSpec("frames", "float32", (None, 4, 3)),),
+                         outputs=("heads:2", "heads", "heads:1"), metadata={})
+
+
+def _scrambled(flatbuffer: bytes) -> bytes:
+    """As a converter that neither keeps the outputs' order nor their names makes it: the
+    outputs rotated, renamed, no signature."""
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(flatbuffer))
+    subgraph = model.subgraphs[0]
+    subgraph.outputs = [int(i) for i in subgraph.outputs[1:]] + [int(subgraph.outputs[0])]
+    for k, index in enumerate(subgraph.outputs):
+        subgraph.tensors[index].name = f"StatefulPartitionedCall:{k}".encode()
+    model.signatureDefs = []
+    return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+
+
+def test_outputs_of_one_op_come_out_in_the_graphs_order_under_a_signature() -> None:
+    from orchestrator.measure.litert_runtime import LiteRTRunner
+    from orchestrator.measure.tf_runtime import predict_all
+
+    graph = _split_heads()
+    x = np.random.default_rng(0).normal(size=(6, 4, 3)).astype(np.float32)
+    converted = apply("convert_tflite", graph, mode="fp32").artifact
+    from ai_edge_litert.interpreter import Interpreter
+
+    model = Interpreter(model_content=converted.payload)
+    assert [int(d["shape"][-1]) for d in model.get_output_details()] == [5, 11, 4]
+    assert sorted(model.get_signature_list()["serving_default"]["outputs"]) == [
+        "heads", "heads:1", "heads:2"]
+    with LiteRTRunner(converted) as runner:
+        for mine, source in zip(runner.predict_all(x), predict_all(graph, x), strict=True):
+            np.testing.assert_allclose(mine, source, rtol=1e-5, atol=1e-5)
+    # names stripped: the order the file has is the graph's, so position still holds
+    stripped = apply("convert_tflite", graph, mode="fp32", strip_names=True).artifact
+    with LiteRTRunner(stripped) as runner:
+        assert [o.shape[-1] for o in runner.predict_all(x)] == [5, 11, 4]
+
+
+def test_outputs_a_converter_reordered_and_renamed_are_found_by_shape() -> None:
+    from orchestrator.measure.litert_runtime import LiteRTRunner
+    from orchestrator.model.litert_model import with_signature
+
+    graph = _split_heads()
+    converted = apply("convert_tflite", graph, mode="fp32").artifact
+    scrambled = _scrambled(converted.payload)
+    x = np.ones((2, 4, 3), dtype=np.float32)
+    with LiteRTRunner(converted.replace(payload=scrambled)) as runner:  # nothing tells
+        assert [o.shape[-1] for o in runner.predict_all(x)] == [11, 4, 5]
+    shapes = [[None, 4, 5], [None, 4, 11], [None, 4, 4]]
+    signed = with_signature(scrambled, ["frames"], list(graph.outputs), shapes, replace=True)
+    with LiteRTRunner(converted.replace(payload=signed)) as runner:
+        assert [o.shape[-1] for o in runner.predict_all(x)] == [5, 11, 4]
+    # the signature alone finds them, whatever the file's order
+    with LiteRTRunner(converted.replace(payload=_rotated(signed))) as runner:
+        assert [o.shape[-1] for o in runner.predict_all(x)] == [5, 11, 4]
+    with pytest.raises(ValueError, match="no output of the .tflite matches it"):
+        with_signature(scrambled, ["frames"], list(graph.outputs),
+                       [[None, 4, 5], [None, 4, 11], [None, 4, 7]], replace=True)
+
+
+def _rotated(flatbuffer: bytes) -> bytes:
+    """The subgraph's outputs rotated by one, the signature kept."""
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(flatbuffer))
+    subgraph = model.subgraphs[0]
+    subgraph.outputs = [int(i) for i in subgraph.outputs[1:]] + [int(subgraph.outputs[0])]
+    return bytes(flatbuffer_utils.convert_object_to_bytearray(model))

@@ -30,8 +30,9 @@ class FrozenSignature:
     outputs: dict[str, str] = field(default_factory=dict)
 
 
-def error(path: Path, message: str) -> ModelSourceError:
-    return ModelSourceError(message, file=str(path))
+def error(path: Path, message: str, field: str | None = None) -> ModelSourceError:
+    """`field`: the recipe entry at fault (`model.inputs.0.shape`), where it is one."""
+    return ModelSourceError(message, file=str(path), field=field)
 
 
 def require_file(path: Path, what: str) -> None:
@@ -132,12 +133,14 @@ def resolve_io(path: Path, frozen: FrozenSignature, inputs: Sequence[TensorSpec]
 
     if inputs:
         resolved: list[TensorSpec] = []
-        for spec in inputs:
+        for index, spec in enumerate(inputs):
+            entry = f"model.inputs.{index}"
             name = frozen.inputs.get(spec.name, spec.name)
             if node_name(name) not in by_name:
                 candidates = list(frozen.inputs) or [s.name for s in default_inputs]
                 raise error(path, f"input {spec.name!r} not found in the model; "
-                                  f"candidates: {', '.join(candidates) or 'none'}")
+                                  f"candidates: {', '.join(candidates) or 'none'}",
+                            f"{entry}.name")
             name = node_name(name)
             node = by_name[name]
             shape = spec.shape
@@ -145,11 +148,12 @@ def resolve_io(path: Path, frozen: FrozenSignature, inputs: Sequence[TensorSpec]
                 actual = graph_info.input_spec(node)
                 if actual.dtype != spec.dtype:
                     raise error(path, f"input {spec.name!r} is {actual.dtype} in the model, "
-                                      f"but the recipe says {spec.dtype}")
+                                      f"but the recipe says {spec.dtype}", f"{entry}.dtype")
                 if not _compatible(actual.shape, spec.shape):
                     raise error(path, f"input {spec.name!r} has shape "
                                       f"{list(actual.shape or [])} in the model; the recipe's "
-                                      f"{list(spec.shape or [])} does not fit it")
+                                      f"{list(spec.shape or [])} does not fit it",
+                                f"{entry}.shape")
                 shape = spec.shape if spec.shape is not None else actual.shape
             resolved.append(TensorSpec(name=name, dtype=spec.dtype, shape=shape))
         input_specs = tuple(resolved)
@@ -163,13 +167,14 @@ def resolve_io(path: Path, frozen: FrozenSignature, inputs: Sequence[TensorSpec]
         nodes = set(by_name)
         refs = []
         named: dict[str, str] = {}
-        for name in outputs:
+        for index, name in enumerate(outputs):
             ref = _resolve_output(graph_def, name, frozen.outputs, nodes)
             if ref is None:
                 candidates = list(frozen.outputs) or graph_info.detect_outputs(
                     graph_def, [s.name for s in input_specs])
                 raise error(path, f"output {name!r} not found in the model; "
-                                  f"candidates: {', '.join(candidates) or 'none'}")
+                                  f"candidates: {', '.join(candidates) or 'none'}",
+                            f"model.outputs.{index}")
             refs.append(ref)
             # Record the recipe's own word for it, unless that word is the node name.
             if output_ref(name) != ref:
