@@ -9,12 +9,16 @@ from orchestrator.spec.models import Budgets
 
 
 def variant(size: int, est: float | None, ok: bool = True, p50: float | None = None,
-            cv: float = 0.0, kind: str = "graphdef", host_cv: float | None = None) -> dict:
+            cv: float = 0.0, kind: str = "graphdef", host_cv: float | None = None,
+            board_cv: float | None = None) -> dict:
     violations = [] if ok else [f"size {size} too large"]
+    board = {} if board_cv is None else {  # `est` measured on the target's board
+        "latency_ms": est, "latency_basis": "measured on t's board",
+        "measured": {"measured": True, "latency_ms": {"p50": est, "cv": board_cv}}}
     return {"size_bytes": size, "kind": kind,
             "targets": {"t": {"budgets_ok": ok, "est_latency_ms": est,
                               **({"estimate": {"host_cv": host_cv}} if host_cv else {}),
-                              "violations": violations}},
+                              **board, "violations": violations}},
             **({"latency_ms": {"p50": p50, "cv": cv}} if p50 is not None else {})}
 
 
@@ -119,11 +123,15 @@ def test_timings_within_their_noise_are_a_tie_broken_by_a_stable_rule() -> None:
     twins = {"b": variant(800, 1.0, p50=1.01), "a": variant(800, 1.0, p50=1.0)}
     assert select(twins, ["t"]) == {"t": "b"}
     assert "broken by recipe order" in selection_reasons(twins, {"t": "b"})["t"]["b"]
-    # estimates calibrated on timings that spread: within that spread they tie as well
-    spread = {"a": variant(900, 1.0, host_cv=0.4), "b": variant(800, 1.3, host_cv=0.4)}
-    assert select(spread, ["t"]) == {"t": "b"}
-    from_flops = {"a": variant(900, 1.0), "b": variant(800, 1.3)}  # no timing in them:
-    assert select(from_flops, ["t"]) == {"t": "a"}  # 10 % decides
+    # a board's p50s that spread: within that spread they tie as well
+    board = {"a": variant(900, 1.0, board_cv=0.4), "b": variant(800, 1.3, board_cv=0.4)}
+    assert select(board, ["t"]) == {"t": "b"}
+    assert "the spread of the board's timings" in selection_reasons(board, {"t": "b"})["t"][
+        "b"]
+    # estimates are calibrated on the fastest run, which a loaded host hardly moves: the
+    # spread of the host's runs (one preempted run makes a cv over 1) widens no tie
+    spiky = {"a": variant(900, 1.0, host_cv=1.2), "b": variant(800, 1.3, host_cv=1.2)}
+    assert select(spiky, ["t"]) == {"t": "a"}
 
 
 def test_a_clear_difference_still_selects_the_faster() -> None:

@@ -83,14 +83,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if state.out_dir is not None and (state.flow_started or code == 130):
             _say_what_the_folder_holds(state.out_dir)
         return code
-    except BaseException as exc:
-        if _terminated(exc):  # SIGTERM while the flow ran (Prefect raises it so)
-            print("terminated (SIGTERM)", file=sys.stderr)
-            _say_what_the_folder_holds(state.out_dir)
-            return 128 + 15
+    except (KeyboardInterrupt, Exception) as exc:
         # also when a library turned our KeyboardInterrupt into an error of its own
-        interrupted = isinstance(exc, KeyboardInterrupt) or (
-            isinstance(exc, Exception) and bool(interrupts_seen))
+        interrupted = isinstance(exc, KeyboardInterrupt) or bool(interrupts_seen)
         if not interrupted or state.out_dir is None:
             raise
         say_interrupted()
@@ -106,12 +101,6 @@ def cmd_run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     return 0
-
-
-def _terminated(exc: BaseException) -> bool:
-    recipe_run = sys.modules.get("pipelines.recipe_run")
-    return (recipe_run is not None and not isinstance(exc, KeyboardInterrupt | Exception)
-            and recipe_run.was_interrupted(exc))
 
 
 def _say_what_the_folder_holds(out_dir: Path | None) -> None:

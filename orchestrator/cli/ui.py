@@ -9,8 +9,9 @@ UI is `mlflow server` on that project's `mlruns/mlflow.db` (or MLFLOW_TRACKING_U
 worker, without telemetry or background jobs. Prefect's UI is served by the local server
 runs share (flow/local_server.py), whose database is the project's own
 (.orchestrator/prefect.db), so that it lists this project's flow runs only: attached with a
-lease, so that it stays up while the UI is open, or started when none runs. Ctrl-C or SIGTERM stops what this command started and
-nothing else: the MLflow server, and the Prefect server unless a run is using it by then.
+lease, so that it stays up while the UI is open, or started when none runs. Ctrl-C or
+SIGTERM stops what this command started and nothing else: the MLflow server, and the
+Prefect server unless a run is using it by then.
 """
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ class BoardSession:
             yield
         except BaseException:
             process = self.process
-            if process is not None:
+            if process is not None and process.returncode is None:  # not killed yet
                 _kill(process)
             raise
         self.busy = False

@@ -1,9 +1,9 @@
 """Which variant each target ships, and why, in the words of one rule.
 
 Per target, among the variants that meet every budget:
-1. the lowest latency the target reads (its board's measurement, else the estimate); estimates
-   within ESTIMATE_TIE of the lowest, or within the spread of the timings they were
-   calibrated on, cannot tell variants apart;
+1. the lowest latency the target reads (its board's measurement, else the estimate); those
+   within ESTIMATE_TIE of the lowest (or, for a board's p50s, within the spread of its
+   timings where that is wider) cannot tell variants apart;
 2. among those, the fastest p50 measured on this host, where it is faster beyond the noise
    of both measurements: the larger coefficient of variation of the two, at least
    NOISE_FLOOR. Within it (or where a variant has no host measurement) it is a tie;
@@ -44,15 +44,15 @@ def _estimate(variant: Mapping[str, Any], target: str) -> float:
     return float("inf") if est is None else float(est)
 
 
-def _estimate_spread(variant: Mapping[str, Any], target: str) -> float:
-    """The coefficient of variation of the timings the target's latency comes from: the
-    board's where it measured it, else this host's where the estimate was calibrated on
-    them; 0.0 for an estimate from FLOPs alone (no timing in it)."""
+def _latency_spread(variant: Mapping[str, Any], target: str) -> float:
+    """The coefficient of variation of the timings behind the latency a target reads,
+    where that is a board's p50; 0.0 for an estimate. An estimate is calibrated on the
+    fastest of this host's runs, which a loaded host does not move the way it moves their
+    spread (one preempted run pushes a cv over 1): ESTIMATE_TIE is its allowance."""
     result = variant["targets"][target]
-    if result.get("latency_basis", "estimated") != "estimated":
-        cv = ((result.get("measured") or {}).get("latency_ms") or {}).get("cv")
-    else:
-        cv = (result.get("estimate") or {}).get("host_cv")
+    if result.get("latency_basis", "estimated") == "estimated":
+        return 0.0
+    cv = ((result.get("measured") or {}).get("latency_ms") or {}).get("cv")
     return float(cv or 0.0)
 
 
@@ -102,8 +102,8 @@ def _decide(ok: Mapping[str, Mapping[str, Any]], target: str) -> _Decision:
     floor = _estimate(ok[lowest], target)
 
     def share(name: str) -> float:
-        return max(ESTIMATE_TIE, _estimate_spread(ok[name], target),
-                   _estimate_spread(ok[lowest], target))
+        return max(ESTIMATE_TIE, _latency_spread(ok[name], target),
+                   _latency_spread(ok[lowest], target))
 
     close = [n for n in names if not math.isfinite(floor)
              or _estimate(ok[n], target) <= floor * (1 + share(n))]
@@ -136,7 +136,7 @@ def _passing(variants: Mapping[str, Mapping[str, Any]], target: str
 def select(variants: Mapping[str, Mapping[str, Any]], target_names: list[str]
            ) -> dict[str, str | None]:
     """Per target: among the variants meeting every budget, those whose latency ties with
-    the lowest (ESTIMATE_TIE, or the spread of its timings); of these the fastest measured
+    the lowest (ESTIMATE_TIE, or the spread of a board's timings); of these the fastest measured
     on this host beyond the noise of the timings; a tie broken by the smaller file, the
     simpler kind, then recipe order. None when no variant meets the budgets."""
     selected: dict[str, str | None] = {}
@@ -170,7 +170,8 @@ def selection_reasons(variants: Mapping[str, Mapping[str, Any]],
 
 
 def _share_words(share: float) -> str:
-    return f"{share:.0%}" + ("" if share <= ESTIMATE_TIE else " (the spread of its timings)")
+    return f"{share:.0%}" + ("" if share <= ESTIMATE_TIE
+                             else " (the spread of the board's timings)")
 
 
 def _chosen_reason(name: str, ok: Mapping[str, Mapping[str, Any]], target: str,
