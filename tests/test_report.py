@@ -17,7 +17,10 @@ def variant(size: int, est: float | None, ok: bool = True, p50: float | None = N
         "measured": {"measured": True, "latency_ms": {"p50": est, "cv": board_cv}}}
     return {"size_bytes": size, "kind": kind,
             "targets": {"t": {"budgets_ok": ok, "est_latency_ms": est,
-                              **({"estimate": {"host_cv": host_cv}} if host_cv else {}),
+                              # an estimate whose runtime overhead is most of it
+                              **({"estimate": {"host_cv": host_cv, "compute_ms": est / 4,
+                                               "overhead_ms": est * 3 / 4}}
+                                 if host_cv and est else {}),
                               **board, "violations": violations}},
             **({"latency_ms": {"p50": p50, "cv": cv}} if p50 is not None else {})}
 
@@ -126,12 +129,16 @@ def test_timings_within_their_noise_are_a_tie_broken_by_a_stable_rule() -> None:
     # a board's p50s that spread: within that spread they tie as well
     board = {"a": variant(900, 1.0, board_cv=0.4), "b": variant(800, 1.3, board_cv=0.4)}
     assert select(board, ["t"]) == {"t": "b"}
-    assert "the spread of the board's timings" in selection_reasons(board, {"t": "b"})["t"][
-        "b"]
-    # estimates are calibrated on the fastest run, which a loaded host hardly moves: the
-    # spread of the host's runs (one preempted run makes a cv over 1) widens no tie
-    spiky = {"a": variant(900, 1.0, host_cv=1.2), "b": variant(800, 1.3, host_cv=1.2)}
-    assert select(spiky, ["t"]) == {"t": "a"}
+    assert "the spread of the timings behind them" in selection_reasons(board, {"t": "b"})[
+        "t"]["b"]
+    # estimates whose runtime overhead is calibrated on host runs that spread: the share of
+    # them the timings move ties them (the test_dask run: 457 µs vs 538 µs, cv 0.9, most of
+    # it overhead); FLOPs alone, or overhead on tight timings, do not
+    spread = {"a": variant(900, 0.457, host_cv=0.9), "b": variant(800, 0.538, host_cv=0.9)}
+    assert select(spread, ["t"]) == {"t": "b"}
+    tight = {"a": variant(900, 0.457, host_cv=0.05), "b": variant(800, 0.538, host_cv=0.05)}
+    assert select(tight, ["t"]) == {"t": "a"}
+    assert select({"a": variant(900, 1.0), "b": variant(800, 1.3)}, ["t"]) == {"t": "a"}
 
 
 def test_a_clear_difference_still_selects_the_faster() -> None:

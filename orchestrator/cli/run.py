@@ -80,7 +80,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         report = _run(args, state)
     except OrchestratorError as exc:
         code = command_error(exc)
-        if state.out_dir is not None and (state.flow_started or code == 130):
+        # a stage that failed, or a Ctrl-C; bad input (exit 2) is one line, as before a run
+        if code == 130 or (code == 3 and state.flow_started):
             _say_what_the_folder_holds(state.out_dir)
         return code
     except (KeyboardInterrupt, Exception) as exc:

@@ -60,7 +60,7 @@ class ConsoleProgress:
                    else f"[dim]best so far {trial['best']}[/]")
         self.progress.console.print(
             f"  [cyan]guard[/] {pipeline}: trial {trial['trial']}/{trial['of']}  "
-            f"{escape(trial['change'])}: {trial['quality']}  {verdict}", highlight=False,
+            f"{escape(trial['change'])}: {escape(trial['quality'])}  {verdict}", highlight=False,
             soft_wrap=True)
 
     def on_guard_end(self, pipeline: str, result: Any) -> None:

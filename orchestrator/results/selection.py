@@ -2,8 +2,9 @@
 
 Per target, among the variants that meet every budget:
 1. the lowest latency the target reads (its board's measurement, else the estimate); those
-   within ESTIMATE_TIE of the lowest (or, for a board's p50s, within the spread of its
-   timings where that is wider) cannot tell variants apart;
+   within ESTIMATE_TIE of the lowest, or within the spread of the timings behind them where
+   that is wider (an estimate's runtime overhead is calibrated on this host's runs), cannot
+   tell variants apart;
 2. among those, the fastest p50 measured on this host, where it is faster beyond the noise
    of both measurements: the larger coefficient of variation of the two, at least
    NOISE_FLOOR. Within it (or where a variant has no host measurement) it is a tie;
@@ -45,15 +46,19 @@ def _estimate(variant: Mapping[str, Any], target: str) -> float:
 
 
 def _latency_spread(variant: Mapping[str, Any], target: str) -> float:
-    """The coefficient of variation of the timings behind the latency a target reads,
-    where that is a board's p50; 0.0 for an estimate. An estimate is calibrated on the
-    fastest of this host's runs, which a loaded host does not move the way it moves their
-    spread (one preempted run pushes a cv over 1): ESTIMATE_TIE is its allowance."""
+    """The share of the latency a target reads that the noise of timings can move: a
+    board's p50, by the coefficient of variation of its runs; an estimate, by that of this
+    host's runs times the share of the estimate calibrated on them (its runtime overhead:
+    the compute term is FLOPs at the device's speed, no timing in it); 0.0 for FLOPs only."""
     result = variant["targets"][target]
-    if result.get("latency_basis", "estimated") == "estimated":
+    if result.get("latency_basis", "estimated") != "estimated":
+        cv = ((result.get("measured") or {}).get("latency_ms") or {}).get("cv")
+        return float(cv or 0.0)
+    made = result.get("estimate") or {}
+    cv, overhead, compute = made.get("host_cv"), made.get("overhead_ms"), made.get("compute_ms")
+    if not cv or not overhead or compute is None or compute + overhead <= 0:
         return 0.0
-    cv = ((result.get("measured") or {}).get("latency_ms") or {}).get("cv")
-    return float(cv or 0.0)
+    return float(cv) * float(overhead) / (float(compute) + float(overhead))
 
 
 def _tag(variant: Mapping[str, Any], target: str) -> str:
@@ -136,9 +141,10 @@ def _passing(variants: Mapping[str, Mapping[str, Any]], target: str
 def select(variants: Mapping[str, Mapping[str, Any]], target_names: list[str]
            ) -> dict[str, str | None]:
     """Per target: among the variants meeting every budget, those whose latency ties with
-    the lowest (ESTIMATE_TIE, or the spread of a board's timings); of these the fastest measured
-    on this host beyond the noise of the timings; a tie broken by the smaller file, the
-    simpler kind, then recipe order. None when no variant meets the budgets."""
+    the lowest (ESTIMATE_TIE, or the spread of the timings behind them); of these the
+    fastest measured on this host beyond the noise of the timings; a tie broken by the
+    smaller file, the simpler kind, then recipe order. None when no variant meets the
+    budgets."""
     selected: dict[str, str | None] = {}
     for target in target_names:
         ok = _passing(variants, target)
@@ -171,7 +177,7 @@ def selection_reasons(variants: Mapping[str, Mapping[str, Any]],
 
 def _share_words(share: float) -> str:
     return f"{share:.0%}" + ("" if share <= ESTIMATE_TIE
-                             else " (the spread of the board's timings)")
+                             else " (the spread of the timings behind them)")
 
 
 def _chosen_reason(name: str, ok: Mapping[str, Mapping[str, Any]], target: str,
