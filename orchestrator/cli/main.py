@@ -114,7 +114,6 @@ def _interrupts_noted() -> Iterator[Callable[[], bool]]:
     bugs."""
     seen = interrupts_seen
     seen.clear()
-    interrupted_said.clear()
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
         yield lambda: bool(seen)  # someone else handles Ctrl-C here
@@ -146,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     interrupted."""
     args = build_parser().parse_args(argv)
     configure_logging()
+    interrupted_said.clear()  # `interrupted` once per command
     try:
         return _run_noting_interrupts(args)
     except KeyboardInterrupt:  # a Ctrl-C as the command ended, while its handler was

@@ -5,9 +5,13 @@ Per target, among the variants that meet every budget:
    within ESTIMATE_TIE of the lowest, or within the spread of the timings behind them where
    that is wider (an estimate's runtime overhead is calibrated on this host's runs), cannot
    tell variants apart;
-2. among those, the fastest p50 measured on this host, where it is faster beyond the noise
-   of both measurements: the larger coefficient of variation of the two, at least
-   NOISE_FLOOR. Within it (or where a variant has no host measurement) it is a tie;
+2. among those, the fastest measured on this host, where it is faster beyond the noise of
+   both measurements: the larger coefficient of variation of the two, at least
+   NOISE_FLOOR. Each file's fastest timed run is compared (its p50 where no run is
+   recorded): other processes only ever add time, so a loaded host, or a stage running
+   beside the benchmark on a parallel runner, moves a p50 by far more than its own runs'
+   spread says, and the fastest run hardly. Within the noise (or where a variant has no
+   host measurement) it is a tie;
 3. a tie is broken by a stable rule, the same on every run: the smaller file, then the
    simpler kind (KIND_ORDER), then recipe order.
 
@@ -68,12 +72,20 @@ def _tag(variant: Mapping[str, Any], target: str) -> str:
 
 
 def _measured(variant: Mapping[str, Any]) -> float:
-    p50 = (variant.get("latency_ms") or {}).get("p50")
-    return float("inf") if p50 is None else float(p50)
+    """The host timing selection compares: the fastest timed run, else the p50."""
+    timings = variant.get("latency_ms") or {}
+    value = timings.get("min", timings.get("p50"))
+    return float("inf") if value is None else float(value)
+
+
+def _what(variant: Mapping[str, Any]) -> str:
+    """What `_measured` is, for the reasons."""
+    return "fastest run" if (variant.get("latency_ms") or {}).get("min") is not None \
+        else "p50"
 
 
 def host_noise(first: Mapping[str, Any], second: Mapping[str, Any]) -> float:
-    """The share within which two host p50s are a tie: the larger cv of the two, at least
+    """The share within which two host timings are a tie: the larger cv of the two, at least
     NOISE_FLOOR."""
     cvs = [float((v.get("latency_ms") or {}).get("cv") or 0.0) for v in (first, second)]
     return max(NOISE_FLOOR, *cvs)
@@ -209,8 +221,8 @@ def _chosen_reason(name: str, ok: Mapping[str, Mapping[str, Any]], target: str,
         vs = ", ".join(f"{n}'s {format_ms(_measured(ok[n]))}" for n in decision.slower)
         noise = max(host_noise(ok[name], ok[n]) for n in decision.slower)
         parts.append(f"{'the fastest' if decision.by == 'host' else 'faster'} measured on "
-                     f"this host ({format_ms(measured)} p50 vs {vs}; beyond the {noise:.0%} "
-                     "noise of the timings)")
+                     f"this host ({format_ms(measured)} {_what(ok[name])} vs {vs}; beyond "
+                     f"the {noise:.0%} noise of the timings)")
     if decision.by != "host":
         parts.append(_tie_words(name, ok, decision))
     return "; ".join(parts)
@@ -222,9 +234,9 @@ def _tie_words(name: str, ok: Mapping[str, Mapping[str, Any]], decision: _Decisi
     timed = [n for n in [name, *rivals] if math.isfinite(_measured(ok[n]))]
     if len(timed) >= 2:
         noise = max(host_noise(ok[a], ok[b]) for a in timed for b in timed if a != b)
-        host = ("this host's p50s (" + ", ".join(f"{n} {format_ms(_measured(ok[n]))}"
-                                                 for n in timed)
-                + f") are within the {noise:.0%} noise of their timings")
+        host = (f"this host's timings ({_what(ok[name])}: " + ", ".join(
+            f"{n} {format_ms(_measured(ok[n]))}" for n in timed)
+                + f") are within the {noise:.0%} noise of their runs")
         unmeasured = [n for n in decision.tied if n not in timed]
         if unmeasured:
             host += f"; {', '.join(unmeasured)} not measured on this host"
@@ -258,7 +270,8 @@ def _other_reason(name: str, ok: Mapping[str, Mapping[str, Any]], target: str,
         if math.isfinite(measured) and math.isfinite(best_measured) \
                 and measured < best_measured * (1 - noise):
             mine, theirs = _ms_pair(measured, best_measured)
-            why += (f". Measured on this host it is the faster one ({mine} vs {theirs} p50): "
+            why += (f". Measured on this host it is the faster one ({mine} vs {theirs} "
+                    f"{_what(variant)}): "
                     "the estimate for the device and this host's measurement disagree")
         return why
     mine, theirs = _ms_pair(est, best_est)
@@ -266,7 +279,7 @@ def _other_reason(name: str, ok: Mapping[str, Mapping[str, Any]], target: str,
         host_mine, host_theirs = _ms_pair(measured, best_measured)
         return (f"meets every budget, estimated latency close to {chosen}'s ({mine} vs "
                 f"{theirs}), but slower measured on this host ({host_mine} vs {host_theirs} "
-                "p50)")
+                f"{_what(variant)})")
     if decision.by == "size":
         size_mine, size_theirs = apart(variant["size_bytes"], best["size_bytes"], format_size)
         lost = f"larger ({size_mine} vs {size_theirs})"
@@ -277,7 +290,7 @@ def _other_reason(name: str, ok: Mapping[str, Mapping[str, Any]], target: str,
     host = ""
     if math.isfinite(measured) and math.isfinite(best_measured):
         host_mine, host_theirs = _ms_pair(measured, best_measured)
-        host = f"; host p50 {host_mine} vs {host_theirs}, within noise"
+        host = f"; host {_what(variant)} {host_mine} vs {host_theirs}, within noise"
     return (f"meets every budget, a tie with {chosen} (estimated latency {mine} vs "
             f"{theirs}{host}), but {lost}")
 
