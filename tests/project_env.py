@@ -41,3 +41,17 @@ def new_mlflow_database(template: Path, folder: Path) -> str:
                            (str(folder.resolve() / "0"),))
     connection.close()
     return f"sqlite:///{database}"
+
+
+def run_recipe_in(work: Path, recipe_text: str, out: Path, *args: str) -> int:
+    """`orchestrator run` in process of `recipe_text`, written to `work`/recipe.yaml, with
+    `work` as the project: its cwd, its store and its own MLflow database."""
+    from orchestrator.cli.main import main
+
+    recipe = work / "recipe.yaml"
+    recipe.write_text(recipe_text)
+    (work / "mlruns").mkdir(exist_ok=True)
+    env = {"ORCHESTRATOR_HOME": str(work / ".orchestrator"),
+           "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlruns' / 'mlflow.db'}"}
+    with in_project(work, env):
+        return main(["run", str(recipe), "-o", str(out), *args])

@@ -6,7 +6,6 @@ that measured it); estimates are labelled as such (`est_latency_ms`).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import shutil
@@ -15,7 +14,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator.cache.store import interrupts_deferred
 from orchestrator.engine.guard import GuardResult
 from orchestrator.engine.node_run import NodeOutcome, RunData
 from orchestrator.engine.plan import Plan
@@ -27,7 +25,6 @@ from orchestrator.formatting import (
     format_number,
     format_size,
 )
-from orchestrator.limits import name_problem
 from orchestrator.measure.budgets import MB, broken_kinds, check_budgets
 from orchestrator.model import kinds
 from orchestrator.paths import describe_os_error
@@ -292,29 +289,6 @@ def write_outputs(built: Path, final: Path, plan: Plan, data: RunData,
     except OSError as exc:
         raise OutputError(f"cannot write the outputs to {final}: {describe_os_error(exc)}",
                           file=str(final)) from exc
-
-
-def discard_outputs(out_dir: Path) -> None:
-    """After a failed run: report.json and the variant folders it lists go together (Ctrl-C
-    held), so that neither a stale report nor models without one pass for this run."""
-    report_path = out_dir / "report.json"
-    with interrupts_deferred():
-        try:
-            old = json.loads(report_path.read_text())
-            names = [n for n in old["variants"] if name_problem(n) is None]  # never a path
-            page_files = [n for n in old.get("page_files") or []
-                          if name_problem(n) is None]  # out of DIR
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            names, page_files = [], []
-        try:
-            report_path.unlink(missing_ok=True)
-        except OSError:
-            return  # an unwritable folder: nothing of this run is in it either
-        for name in names:
-            shutil.rmtree(out_dir / name, ignore_errors=True)
-        for name in page_files:
-            with contextlib.suppress(OSError):
-                (out_dir / name).unlink()
 
 
 def _write_variant(folder: Path, name: str, plan: Plan, data: RunData,

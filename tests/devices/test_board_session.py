@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from waiting import board_is_measuring
 
 from orchestrator.devices import board_runner, measurement
 from orchestrator.devices.errors import DeviceLost
@@ -198,20 +199,6 @@ def test_a_runner_that_hangs_is_device_lost_at_the_deadline(session: BoardSessio
     assert not session.alive  # the session killed it
 
 
-def _measuring(board_tmp: Path) -> bool:
-    """Whether a measurement holds the board's lock."""
-    lock = board_tmp / "lock"
-    if not lock.exists():
-        return False
-    with open(lock, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return True
-        fcntl.flock(handle, fcntl.LOCK_UN)
-        return False
-
-
 def _wait_until(condition: object, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not condition() and time.monotonic() < deadline:  # type: ignore[operator]
@@ -229,7 +216,7 @@ def test_ctrl_c_mid_measurement_kills_the_board_at_once(
     pid = _runner_pid(session)
 
     def interrupt() -> None:
-        _wait_until(lambda: _measuring(board_tmp))
+        _wait_until(lambda: board_is_measuring(board_tmp))
         os.kill(os.getpid(), signal.SIGINT)
 
     threading.Thread(target=interrupt, daemon=True).start()
@@ -259,7 +246,7 @@ def test_closing_a_session_mid_request_kills_the_board_rather_than_waiting(
 
     worker = threading.Thread(target=measure, daemon=True)
     worker.start()
-    _wait_until(lambda: _measuring(board_tmp))
+    _wait_until(lambda: board_is_measuring(board_tmp))
     session.close()
     assert process.returncode == -signal.SIGKILL  # killed, not a runner that said goodbye
     worker.join(60)

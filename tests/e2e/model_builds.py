@@ -166,17 +166,9 @@ def run_recipe(work: Path, recipe: str) -> tuple[int, dict[str, Any]]:
     """`orchestrator run` of `recipe` (YAML text, written to work/recipe.yaml) in `work`,
     with its own store and MLflow database as the workspace fixture gives a test, for a
     module-scoped fixture; returns the exit code and report.json."""
-    import pytest
+    from project_env import run_recipe_in  # tests/: on sys.path under pytest
 
-    from orchestrator.cli.main import main
-
-    (work / "recipe.yaml").write_text(recipe)
-    (work / "mlruns").mkdir(exist_ok=True)
-    with pytest.MonkeyPatch.context() as env:
-        env.chdir(work)
-        env.setenv("ORCHESTRATOR_HOME", str(work / ".orchestrator"))
-        env.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{work / 'mlruns' / 'mlflow.db'}")
-        code = main(["run", str(work / "recipe.yaml"), "-o", str(work / "out")])
+    code = run_recipe_in(work, recipe, work / "out")
     return code, json.loads((work / "out" / "report.json").read_text())
 
 

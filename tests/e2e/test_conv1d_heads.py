@@ -21,8 +21,7 @@ import model_builds  # tests/e2e: on sys.path (prepend mode)
 import numpy as np
 import pytest
 from models_conv1d import OUTPUT_NAMES  # tests/e2e: on sys.path (prepend mode)
-
-from orchestrator.cli.main import main
+from project_env import run_recipe_in
 
 MIN_SQNR_DB = 20.0
 
@@ -71,14 +70,7 @@ def conv1d_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _run(work: Path, budgets: str, out: Path, *args: str) -> int:
     """`orchestrator run` of the recipe with `budgets`, in the module's workspace (own cwd,
     store and MLflow database)."""
-    recipe = work / "recipe.yaml"
-    recipe.write_text(RECIPE.replace("BUDGETS", budgets))
-    (work / "mlruns").mkdir(exist_ok=True)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(work)
-        patch.setenv("ORCHESTRATOR_HOME", str(work / ".orchestrator"))
-        patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{work / 'mlruns' / 'mlflow.db'}")
-        return main(["run", str(recipe), "-o", str(out), *args])
+    return run_recipe_in(work, RECIPE.replace("BUDGETS", budgets), out, *args)
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from project_env import run_recipe_in
 
 from orchestrator.cli.main import main
 
@@ -78,14 +79,7 @@ def make_model(folder: Path) -> None:
 
 def _run(work: Path, out: Path, strip: str = "strip") -> int:
     """`orchestrator run` of the recipe in `work` (its own cwd, store and MLflow)."""
-    recipe = work / "recipe.yaml"
-    recipe.write_text(RECIPE.replace("STRIP", strip))
-    (work / "mlruns").mkdir(exist_ok=True)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(work)
-        patch.setenv("ORCHESTRATOR_HOME", str(work / ".orchestrator"))
-        patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{work / 'mlruns' / 'mlflow.db'}")
-        return main(["run", str(recipe), "-o", str(out), "--no-cache"])
+    return run_recipe_in(work, RECIPE.replace("STRIP", strip), out, "--no-cache")
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,7 @@ import model_builds  # tests/e2e: on sys.path (prepend mode)
 import numpy as np
 import pytest
 from models_separable import INPUT_NAME  # tests/e2e: on sys.path (prepend mode)
-
-from orchestrator.cli.main import main
+from project_env import run_recipe_in
 
 MAX_SIZE_RATIO = 0.35
 MIN_AGREEMENT = 0.97
@@ -121,15 +120,8 @@ def separable_run(separable_model: Path, prefect_server: None,
     """The recipe run once through `orchestrator run`, in a workspace of its own (as the
     `workspace` fixture makes one, at module scope: own cwd, store and MLflow database)."""
     work = separable_model.parent
-    recipe = work / "recipe.yaml"
-    recipe.write_text(RECIPE.format(input=INPUT_NAME, fidelity=MIN_AGREEMENT))
-    (work / "mlruns").mkdir()
     out = work / "out"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(work)
-        patch.setenv("ORCHESTRATOR_HOME", str(work / ".orchestrator"))
-        patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{work / 'mlruns' / 'mlflow.db'}")
-        code = main(["run", str(recipe), "-o", str(out)])
+    code = run_recipe_in(work, RECIPE.format(input=INPUT_NAME, fidelity=MIN_AGREEMENT), out)
     report = json.loads((out / "report.json").read_text())
     return {"code": code, "out": out, "report": report, "data": separable_model / "data.npz"}
 

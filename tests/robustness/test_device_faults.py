@@ -15,7 +15,6 @@ board is the emulated aarch64 Python (tests/ssh_board.py).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shlex
@@ -37,6 +36,7 @@ from robust_helpers import (
     wait_for,
     write_yaml,
 )
+from waiting import board_is_measuring
 
 pytestmark = [pytest.mark.device, pytest.mark.slow]
 
@@ -177,20 +177,6 @@ def measured_board(tmp_path: Path, board: object, emulated: Path,
     return board.url(python=str(python)), env_for(run_env, board.config)
 
 
-def _measuring(tmp: Path) -> bool:
-    """Whether a measurement holds the board's lock (in the board's own temp dir)."""
-    lock = tmp / "orchestrator-board" / "lock"
-    if not lock.exists():
-        return False
-    with open(lock, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return True
-        fcntl.flock(handle, fcntl.LOCK_UN)
-        return False
-
-
 def _runner_pids(board: object) -> list[int]:
     """The board's measuring programs (under qemu), among the SSH server's processes."""
     found = []
@@ -211,7 +197,8 @@ def test_a_lost_connection_then_a_reboot_and_the_rerun_reuses_what_finished(
     args = ["run", recipe(tmp_path, connect, runs=1500), "-o", tmp_path / "out"]
     run = start_cli(args, env, tmp_path, tmp_path / "logs-1")
     board_tmp = tmp_path / "board" / "tmp"
-    assert wait_for(lambda: _measuring(board_tmp), RUN_TIMEOUT_S, 0.05), run.stderr()
+    lock_folder = board_tmp / "orchestrator-board"
+    assert wait_for(lambda: board_is_measuring(lock_folder), RUN_TIMEOUT_S, 0.05), run.stderr()
     killed = board.kill_sessions()  # the connection drops mid-measurement
     assert killed >= 1
     [code] = wait_all([run], timeout=RUN_TIMEOUT_S)
@@ -258,7 +245,8 @@ def test_a_board_that_hangs_mid_measurement_is_exit_3_at_the_timeout(
     args = ["run", recipe(tmp_path, connect, runs=4000, timeout_s=8), "-o",
             tmp_path / "out"]
     run = start_cli(args, env, tmp_path, tmp_path / "logs")
-    assert wait_for(lambda: _measuring(tmp_path / "board" / "tmp"), RUN_TIMEOUT_S, 0.05), \
+    lock_folder = tmp_path / "board" / "tmp" / "orchestrator-board"
+    assert wait_for(lambda: board_is_measuring(lock_folder), RUN_TIMEOUT_S, 0.05), \
         run.stderr()
     frozen = _runner_pids(board)
     for pid in frozen:
@@ -308,7 +296,8 @@ def test_ctrl_c_mid_measurement_ends_the_board_with_the_run(
     args = ["run", recipe(tmp_path, connect, runs=100_000, timeout_s=3600), "-o",
             tmp_path / "out"]
     run = start_cli(args, env, tmp_path, tmp_path / "logs")
-    assert wait_for(lambda: _measuring(board_tmp), RUN_TIMEOUT_S, 0.05), run.stderr()
+    lock_folder = board_tmp / "orchestrator-board"
+    assert wait_for(lambda: board_is_measuring(lock_folder), RUN_TIMEOUT_S, 0.05), run.stderr()
     assert _board_runners(board_tmp), "the board's runner is not among the processes"
     started = time.monotonic()
     os.killpg(run.process.pid, signal.SIGINT)
