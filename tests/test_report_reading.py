@@ -251,8 +251,9 @@ def test_prose_is_not_broken_mid_phrase_where_the_output_is_no_terminal(
     text = out.getvalue()
     assert f"  litert_int8: {long}\n" in text  # one line, however long
     assert "  timings: 3 significant digits, µs below 1 ms; est.: the device's latency, " \
-           "estimated (budgets and selection use it; host p50 decides within 10%; how, per " \
-           "variant: report.html)\n" in text
+           "estimated (budgets and selection use it; within 10% a tie, which this host's " \
+           "fastest runs break beyond their noise, else the smaller file; how, per variant: " \
+           "report.html)\n" in text
     # the table still fits the width it was given
     assert max(len(line) for line in text.splitlines() if line[:1] in "┏│┗┃┡└") <= 80
 

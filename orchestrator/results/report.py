@@ -486,8 +486,9 @@ def print_summary(report: Mapping[str, Any], out_dir: Path, console: Any = None)
             ram_measures, key=list(RAM_SOURCE_OF).index)))
     if target_names:
         notes += [f"{TIMING_NOTE}; est.: the device's latency, estimated (budgets and "
-                  f"selection use it; host p50 decides within {ESTIMATE_TIE:.0%}; how, per "
-                  "variant: report.html)" + ("; meas.: measured on the target's own board "
+                  f"selection use it; within {ESTIMATE_TIE:.0%} a tie, which this host's fastest "
+                  "runs break beyond their noise, else the smaller file; how, per variant: "
+                  "report.html)" + ("; meas.: measured on the target's own board "
                   "(connect:), used instead" if any(
                       r.get("latency_basis", "estimated") != "estimated"
                       for v in variants.values() for r in v["targets"].values()) else ""),
