@@ -63,12 +63,13 @@ def name_problem(name: object) -> str | None:
 @dataclass(frozen=True)
 class Bound:
     """`low` <= value <= `high` (`low` excluded when `open_low`: a timeout of 0 s means
-    nothing); `why` says what lies past `high`."""
+    nothing); `why` says what lies past `high`, `low_why` (if any) what lies below `low`."""
 
     low: float
     high: float
     why: str
     open_low: bool = False
+    low_why: str = ""
 
 
 _TIMEOUT_WHY = ("a week: longer is no timeout at all, and the system's timers refuse "
@@ -108,7 +109,8 @@ BOUNDS: dict[str, Bound] = {
     "elements": Bound(1, 2**31 - 1, _ELEMENTS_WHY),
     "bytes": Bound(0, 2**31, _ELEMENTS_WHY),
     "dimension": Bound(-1, 2**31 - 1, "TensorFlow Lite stores a dimension as a 32-bit "
-                       "integer (-1: unknown)"),
+                       "integer (-1: unknown)",
+                       low_why="a dimension is a size, or -1 where it is unknown"),
     "image_side": Bound(1, 8192, "one 8192x8192 RGB image is 0.8 GB of floats; no model "
                         "for a small device takes larger"),
     "last": Bound(1, 100_000, "the history of one recipe is read from MLflow page by page; "
@@ -135,7 +137,8 @@ def bound_problem(kind: str, value: float) -> str | None:
         return f"{shown(value)} is above {shown(bound.high)}: {bound.why}"
     if value < bound.low or bound.open_low and value == bound.low:
         word = "more than" if bound.open_low else "at least"
-        return f"expected {word} {shown(bound.low)}, found {shown(value)}"
+        why = f": {bound.low_why}" if bound.low_why else ""
+        return f"expected {word} {shown(bound.low)}, found {shown(value)}{why}"
     return None
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import os
 import sys
 from pathlib import Path
@@ -68,8 +69,10 @@ def cmd_schema(args: argparse.Namespace) -> int:
 class _RunState:
     """How far `run` got: its output folder once known, whether the flow started."""
 
-    out_dir: Path | None = None
-    flow_started = False
+    def __init__(self) -> None:
+        self.out_dir: Path | None = None
+        self.flow_started = False
+        self.started = datetime.datetime.now(datetime.UTC)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -80,9 +83,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         report = _run(args, state)
     except OrchestratorError as exc:
         code = command_error(exc)
-        # a stage that failed, or a Ctrl-C; bad input (exit 2) is one line, as before a run
-        if code == 130 or (code == 3 and state.flow_started):
-            _say_what_the_folder_holds(state.out_dir)
+        # a stage that failed, a server lost mid-run, or a Ctrl-C; bad input (exit 2
+        # before the flow starts) is one line, as before a run
+        if code == 130 or state.flow_started:
+            _say_what_the_folder_holds(state)
         return code
     except (KeyboardInterrupt, Exception) as exc:
         # also when a library turned our KeyboardInterrupt into an error of its own
@@ -90,7 +94,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not interrupted or state.out_dir is None:
             raise
         say_interrupted()
-        _say_what_the_folder_holds(state.out_dir)
+        _say_what_the_folder_holds(state)
         return 130
     from orchestrator.results.report import print_summary
 
@@ -104,16 +108,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _say_what_the_folder_holds(out_dir: Path | None) -> None:
-    """The last line of a run that failed or was interrupted: what its output folder still
-    holds (a second Ctrl-C meanwhile does not cut it short)."""
+def _say_what_the_folder_holds(state: _RunState) -> None:
+    """The last line of a run that failed or was interrupted: what its output folder holds,
+    the last good run's, or this one's where the failure came after its outputs were in
+    (a second Ctrl-C meanwhile does not cut it short)."""
     from orchestrator.cache.store import interrupts_deferred
     from orchestrator.results.output_folder import held_by
 
-    if out_dir is None:
+    if state.out_dir is None:
         return
     with contextlib.suppress(KeyboardInterrupt), interrupts_deferred():
-        print(held_by(out_dir), file=sys.stderr)
+        print(held_by(state.out_dir, state.started), file=sys.stderr)
 
 
 def _run(args: argparse.Namespace, state: _RunState) -> dict:

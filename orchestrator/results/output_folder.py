@@ -341,10 +341,11 @@ def _swap_in(folder: Path, built: Path, old: Path) -> None:
             raise
 
 
-def held_by(folder: Path) -> str:
+def held_by(folder: Path, run_started: datetime.datetime | None = None) -> str:
     """What `folder` holds after a run that failed or was interrupted (it leaves the folder
     as it was): `out/mnv3 still holds the run of 2026-11-29 05:40 UTC`, or that nothing
-    was written to it."""
+    was written to it; or, where the failure came after the run's outputs were swapped in
+    (a server lost as the flow ended), that they are this run's, complete."""
     shown = _short(str(folder))
     try:
         entries = _entries(folder) if folder.is_dir() else []
@@ -355,6 +356,9 @@ def held_by(folder: Path) -> str:
     when = _written(folder)
     if when is None:
         return f"{shown} is as it was"
+    if run_started is not None and when >= run_started.replace(microsecond=0):
+        return (f"{shown} holds this run's outputs, complete (written at {when:%H:%M:%S} "
+                "UTC, before the failure)")
     return f"{shown} still holds the run of {when:%Y-%m-%d %H:%M} UTC"
 
 

@@ -12,6 +12,7 @@ runs use the session's Prefect server and a small recipe (the digits SavedModel 
 
 from __future__ import annotations
 
+import datetime
 import json
 import shlex
 from pathlib import Path
@@ -240,6 +241,11 @@ def test_a_failed_run_leaves_its_folder_as_it_was(tmp_path: Path) -> None:
     before = tree(out)
     assert held_by(out).startswith(f"{out} still holds the run of 20")
     assert held_by(out).endswith(" UTC")
+    # a run that failed after its outputs were in (a server lost as its flow ended): its own
+    written = datetime.datetime.strptime(json.loads((out / MARKER).read_text())["written"],
+                                         "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+    assert held_by(out, written).startswith(f"{out} holds this run's outputs, complete")
+    assert "still holds" in held_by(out, written + datetime.timedelta(seconds=1))
     for error in (RuntimeError("recording the run failed"), KeyboardInterrupt()):
         with pytest.raises(type(error)), replacing(out, owner) as built:
             (built / "int8").mkdir()

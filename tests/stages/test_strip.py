@@ -113,7 +113,7 @@ def test_mismatches_are_clear_errors() -> None:
 def test_params_are_validated() -> None:
     with pytest.raises(ValidationError, match="unknown dtype"):
         Params(input_type="floaty")
-    with pytest.raises(ValidationError, match="dimensions"):
+    with pytest.raises(ValidationError, match="a dimension is a size, or -1"):
         Params(input_shape=[1, -2])
     with pytest.raises(ValidationError):
         Params(remove_ops=["Identity"])  # unknown param
