@@ -7,6 +7,11 @@ Programming errors are not wrapped: they propagate as tracebacks, on purpose.
 
 from __future__ import annotations
 
+# Ctrl-C (SIGINT) seen while a command runs: orchestrator/cli/main.py notes each one. Read
+# wherever an error may be a Ctrl-C a library turned into an error of its own (the CLI's
+# exit 130, pipelines/recipe_run.py's interrupted MLflow run); empty outside a command.
+interrupts_seen: list[int] = []
+
 
 class OrchestratorError(Exception):
     """Base class: a problem with the user's input or a stage, reported without a traceback."""

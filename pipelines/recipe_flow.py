@@ -101,13 +101,15 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
         done = run_plan(session.plan, session.data, run.worker(stage_task), run.notify)
         report = build_report(session.plan, session.data, done.outcomes, session.devices,
                               run.shown_variants, run.tracker.run_id, done.guarded)
-        # whole, or not at all: recorded from the hidden folder, then swapped in, so that a
-        # run that fails or is interrupted (or killed) leaves the folder as it was
-        with output_folder.replacing(run.out_dir, run.owner) as built:
+        # whole, or not at all: written to a hidden folder, recorded in MLflow from there
+        # and swapped in (Ctrl-C held from the record to the swap), so that a run that
+        # fails or is interrupted (or killed) leaves the folder as it was, and MLflow says
+        # it finished only when the folder holds it
+        with output_folder.replacing(run.out_dir, run.owner,
+                                     record=lambda built: run.record(report, built)) as built:
             write_outputs(built, run.out_dir, session.plan, session.data, done.outcomes,
                           report, picture_cache=run.picture_cache)
-            registry = run.record(report, built)
-    return run.summary(report, registry)
+    return run.summary(report, run.registry)
 
 
 def run(recipe: str, *, heartbeats: bool = True, executor: str | None = None,

@@ -76,6 +76,7 @@ class RecipeRun:
     own_runner: Any = None  # started here: for a Prefect-started run whose recipe asks Dask
     hooks: list[Any] = field(default_factory=list)
     started: bool = False
+    registry: Any = None  # the Model Registry's answer, once recorded
 
     @classmethod
     def prepare(cls, recipe: str, overrides: Sequence[str], variants: Sequence[str] | None,
@@ -186,10 +187,11 @@ class RecipeRun:
 
     def record(self, report: dict[str, Any], built: Path) -> Any:
         """The run in MLflow (and the Model Registry's candidate, when asked), its files
-        read from `built`, the folder about to replace the output folder; the registry's
-        answer."""
-        return self.tracker.finish(report, built, self.loaded.path,
-                                   register=self.loaded.recipe.register_candidate)
+        read from `built`, the folder about to replace the output folder (called right
+        before the swap: output_folder.replacing); the registry's answer (`registry`)."""
+        self.registry = self.tracker.finish(report, built, self.loaded.path,
+                                            register=self.loaded.recipe.register_candidate)
+        return self.registry
 
     def summary(self, report: dict[str, Any], registry: Any) -> dict[str, Any]:
         """The report, with where the run put things (credentials redacted)."""
@@ -215,10 +217,15 @@ class RecipeRun:
 
 def was_interrupted(exc: BaseException) -> bool:
     """Whether `exc` ended a run because it was interrupted: Ctrl-C (KeyboardInterrupt,
-    also when a library wrapped it into an error of its own) or SIGTERM (Prefect's
-    TerminationSignal), rather than failed."""
+    also when a library wrapped it into an error of its own: in its chain, or a Ctrl-C the
+    command noted, `interrupts_seen`) or SIGTERM (Prefect's TerminationSignal), rather than
+    failed."""
     from prefect.exceptions import TerminationSignal
 
+    from orchestrator.errors import interrupts_seen
+
+    if interrupts_seen:  # the library's error may not chain our KeyboardInterrupt
+        return True
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:

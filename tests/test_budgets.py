@@ -200,3 +200,28 @@ def test_each_budgeted_figure_is_shown_beside_its_bound() -> None:
                                                       "fidelity 0.9900 < 0.999"]
     assert quality_against_budgets({}, Budgets(max_accuracy_drop=0.01)) == [
         "accuracy_drop not measured: add evaluate (with labelled data) to the pipeline"]
+
+
+def test_a_boards_agreement_with_the_host_is_read_alike_by_budgets_gate_and_table() -> None:
+    from orchestrator.measure.budgets import agreement_with_host
+    from orchestrator.results.device_figures import device_rows
+    from orchestrator.results.gate import Limits, compare
+
+    assert agreement_with_host({"top1_agreement": 0.9, "agreement_with_host": 0.8,
+                                "fidelity": 0.7}) == 0.9
+    assert agreement_with_host({"agreement_with_host": 0.8, "fidelity": 0.7}) == 0.8
+    assert agreement_with_host({"fidelity": 0.7}) == 0.7  # a report from before issue 39
+    assert agreement_with_host({"measured": False}) is None
+    measured = {"measured": True, "where": "ssh://pi@b", "latency_ms": {"p50": 1.0},
+                "agreement_with_host": 0.8, "fidelity": 0.5, "board": {}, "outputs": {},
+                "emulated": True}
+    [row] = device_rows({"variants": {"v": {"targets": {"pi": {"measured": measured}}}}})
+    assert row["agreement with host"] == "0.8000"
+
+    def run(agreement: float) -> dict:
+        return {"variants": {"v": {"size_bytes": 1, "targets": {"pi": {"measured": {
+            **measured, "agreement_with_host": agreement}}}}}}
+
+    rows = compare(run(0.8), run(0.99), Limits(max_fidelity_drop=0.01)).rows
+    [agreement] = [r for r in rows if "agreement (board)" in str(r)]
+    assert "0.99" in str(agreement) and "0.8" in str(agreement)

@@ -208,3 +208,33 @@ def test_validate_without_added_stages_says_none(tmp_path: object) -> None:
                       "targets: [{name: t, device: phone-2016}]\n"
                       "pipelines: {fp32: {stages: [freeze]}}\n")
     assert run_commands.validate_summary(load_recipe(recipe)) == "1 pipeline, 1 stage, 1 target"
+
+
+def test_ctrl_c_as_the_process_exits_says_interrupted_once(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Review of issue 39: a Ctrl-C while the interpreter exits (a double Ctrl-C) says
+    `interrupted` by the one rule, once per command (say_interrupted), whatever the code:
+    a command that exited 130 without saying it says it now, one that said it not again."""
+    import os
+    import signal
+
+    from orchestrator.cli.common import interrupted_said
+
+    def exits(code: int) -> None:
+        raise SystemExit(code)
+
+    monkeypatch.setattr(os, "_exit", exits)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        for code, said_before, printed in ((130, False, "interrupted\n"), (0, True, ""),
+                                           (0, False, "interrupted\n")):
+            interrupted_said[:] = [True] if said_before else []
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            cli._exit_at_once_on_ctrl_c(code)
+            with pytest.raises(SystemExit) as ended:
+                signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
+            assert ended.value.code == 130
+            assert capsys.readouterr().err == printed, (code, said_before)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        interrupted_said.clear()

@@ -12,8 +12,16 @@ from typing import Any
 
 from rich.console import Console
 
-from orchestrator.results.page import budget_words, render
+from orchestrator.measure.estimates import SPREAD_WARN
+from orchestrator.results.page import (
+    _BUDGET_WORDS,
+    _OUTPUT_BUDGET_WORDS,
+    below_host,
+    budget_words,
+    render,
+)
 from orchestrator.results.report import print_summary
+from orchestrator.spec.models import Budgets, OutputBudgets
 
 SCOPE = "StatefulPartitionedCall/digits_cnn_1/"
 INT8_METHOD = ("29.7 µs compute (1.14 MFLOP at 20 GFLOP/s ×0.52 int8) + 584 µs runtime "
@@ -111,6 +119,31 @@ def test_litert_layers_name_the_op_and_the_tensor_it_writes(tmp_path: Path) -> N
     assert "<th>clipped</th>" in graphdef and "<td>0.01%</td>" in graphdef
     assert 'data-legend="nmse">- * in nmse: the float tensor is zero' in graphdef
     assert 'data-legend="clipped">- † in clipped:' in graphdef
+
+
+def test_every_budget_field_has_its_words_and_no_other_key_does() -> None:
+    # the words table matches the recipe's budget fields exactly, so a renamed or new
+    # budget cannot fall back to `key: value` (or keep words for a key no recipe has)
+    assert set(_BUDGET_WORDS) == set(Budgets.model_fields) - {"outputs"}
+    assert set(_OUTPUT_BUDGET_WORDS) == set(OutputBudgets.model_fields)
+    for key in _BUDGET_WORDS:
+        [(shown_key, words)] = budget_words({key: 0.5})
+        assert shown_key == key and key not in words, words
+    assert budget_words({"min_device_agreement": 0.99}) == [
+        ("min_device_agreement", "top-1 agreement, board against this host ≥ 0.99")]
+
+
+def test_an_estimate_below_host_timings_that_spread_says_its_runs_were_slowed() -> None:
+    # the one spread rule (estimates.timings_spread): just over SPREAD_WARN, slowed runs;
+    # just under it, the device's speed
+    def why(fastest: float) -> str | None:
+        lite = _report()["variants"]["litert_int8"]
+        lite["targets"]["phone"].update(est_latency_ms=0.001)
+        lite["targets"]["phone"]["estimate"]["host_fastest_ms"] = fastest
+        return below_host(lite, "phone", short=True)
+
+    assert why(0.0061 / (SPREAD_WARN * 1.01)) == "below host: its runs were slowed"
+    assert why(0.0061 / (SPREAD_WARN * 0.99)) == "below host: a faster device"
 
 
 def test_an_estimate_below_the_host_says_why_beside_it(tmp_path: Path) -> None:

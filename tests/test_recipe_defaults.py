@@ -252,6 +252,31 @@ def test_false_and_a_listed_measurement_contradict(write) -> None:  # noqa: ANN0
     assert "remove one or the other" in str(caught.value)
 
 
+def test_a_set_measure_on_device_naming_no_board_is_exit_2(write) -> None:  # noqa: ANN001
+    with pytest.raises(RecipeError) as caught:
+        load_recipe(with_boards(write, ""), ["pipelines.fp32.measure_on_device=[nope]"])
+    assert "pipelines.fp32.measure_on_device" in str(caught.value)
+    assert "'nope': no such target with a board (targets with connect: pi, arm)" in str(
+        caught.value)
+
+
+def test_measure_on_device_is_checked_beside_a_broken_target(write) -> None:  # noqa: ANN001
+    # a target that does not validate: the pipelines' own measure_on_device contradiction
+    # is still said in the same run (which targets have a board is not known, so a name
+    # is not judged)
+    recipe = write("")
+    recipe.write_text(recipe.read_text().replace(
+        "benchmark]", "benchmark, {measure_on_device: {target: pi}}]\n"
+        "    measure_on_device: false") + TARGETS.format(arm="ssh://arm@board").replace(
+        "device: phone-2016}", "device: phone-2016, budgets: {max_size_mb: -1}}"))
+    with pytest.raises(RecipeError) as caught:
+        load_recipe(recipe, check_files=False)
+    text = str(caught.value)
+    assert "targets.2.budgets.max_size_mb" in text, text
+    assert "pipelines.fp32.stages.4" in text and "remove one or the other" in text, text
+    assert "no such target" not in text and "no connect:" not in text, text
+
+
 def test_validate_says_which_variants_a_board_cannot_run(
         write, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
         capsys: pytest.CaptureFixture[str]) -> None:

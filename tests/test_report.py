@@ -126,6 +126,22 @@ def test_timings_within_their_noise_are_a_tie_broken_by_a_stable_rule() -> None:
     twins = {"b": variant(800, 1.0, p50=1.01), "a": variant(800, 1.0, p50=1.0)}
     assert select(twins, ["t"]) == {"t": "b"}
     assert "broken by recipe order" in selection_reasons(twins, {"t": "b"})["t"]["b"]
+    # three tie: each loser's reason comes from its own key against the chosen one's, and
+    # the chosen one's names each rival only under the step that really separated them
+    three = {"a": variant(100, 1.0, kind="encrypted"), "b": variant(100, 1.0, kind="tflite"),
+             "c": variant(500, 1.0, kind="tflite")}
+    assert select(three, ["t"]) == {"t": "b"}
+    why = selection_reasons(three, {"t": "b"})["t"]
+    assert why["b"].endswith(
+        "a tie (none measured on this host), broken by the smaller file (0.0000954 MiB vs "
+        "c's 0.000477 MiB) and the simpler kind (tflite vs a's encrypted, the same size)"), why
+    assert why["a"].endswith("but the same size, a less simple kind (encrypted)"), why
+    assert why["c"].endswith("but larger (0.000477 MiB vs 0.0000954 MiB)"), why
+    # and a later twin is told recipe order, not the kind the runner-up lost by
+    four = {**three, "d": variant(100, 1.0, kind="tflite")}
+    why = selection_reasons(four, {"t": "b"})["t"]
+    assert why["d"].endswith("but the same size and kind, later in the recipe"), why
+    assert "recipe order (the same size and kind as d)" in why["b"], why
     # the fastest runs are compared where recorded, not the p50s a loaded host (or a stage
     # beside the benchmark on a parallel runner) moves: the test_dask threads run, where
     # the p50s were 392 µs against 910 µs (cv about 1) and the fastest runs 264 vs 245 µs

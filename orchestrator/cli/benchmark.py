@@ -97,16 +97,11 @@ def _dim(text: str, value: str) -> int:
 
 
 def _counts(args: argparse.Namespace) -> dict[str, Any]:
-    """The benchmark stage's params from the options (each checked, named by its option)."""
-    params: dict[str, Any] = {}
-    for option, key, low in (("--runs", "runs", 1), ("--warmup", "warmup", 0),
-                             ("--profile-runs", "profile_runs", 0)):
-        value = getattr(args, key)
-        if value is None:
-            continue
-        if value < low:
-            raise UsageError(f"{option} must be at least {low}, got {value}")
-        params[key] = value
+    """The benchmark stage's params from the options (argparse's `bounded_flag` has
+    checked each count against its bound, named by its option)."""
+    params: dict[str, Any] = {key: getattr(args, key) for key in ("runs", "warmup",
+                                                                   "profile_runs")
+                              if getattr(args, key) is not None}
     if args.threads is not None:
         params["threads"] = parse_threads(args.threads)
     return params

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from orchestrator.errors import OrchestratorError
+from orchestrator.errors import OrchestratorError, interrupts_seen
 from orchestrator.limits import bound_problem
 
 
@@ -18,8 +18,7 @@ def print_error(exc: OrchestratorError) -> int:
     return exc.exit_code
 
 
-# Ctrl-C seen while a command runs (cli.main notes them), and whether `interrupted` is said
-interrupts_seen: list[int] = []
+# whether `interrupted` is said (the Ctrl-C seen, `interrupts_seen`, are in orchestrator.errors)
 interrupted_said: list[bool] = []
 
 
@@ -37,17 +36,6 @@ def command_error(exc: OrchestratorError) -> int:
         say_interrupted()
         return 130
     return print_error(exc)
-
-
-def positive_int(text: str) -> int:
-    """argparse type: a whole number >= 1 (a usage error, exit 2, otherwise)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, found {text!r}")
-    return value
 
 
 def bounded_flag(kind: str) -> Callable[[str], int]:

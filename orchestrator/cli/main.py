@@ -226,8 +226,7 @@ def _exit_at_once_on_ctrl_c(code: int) -> None:
         if probe is not None:
             probe.kill_now()  # its own session: it would not get the terminal's Ctrl-C
         with contextlib.suppress(Exception):
-            if code != 130:  # else "interrupted" is printed already
-                print("interrupted", file=sys.stderr)
+            say_interrupted()  # once per command: not again if the command said it
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(130)

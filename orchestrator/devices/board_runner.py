@@ -158,10 +158,6 @@ def decrypted(model, key, header_bytes):
     return AESGCM(key).decrypt(nonce, model[header_bytes:], model[:header_bytes])
 
 
-def node_name(name):
-    return name.split(":")[0].lstrip("^")
-
-
 class LiteRT:
     """A `.tflite` in LiteRT's interpreter; float in and out, int8 edges (de)quantized."""
 

@@ -130,6 +130,7 @@ def compare(device: Sequence[np.ndarray], host: Sequence[np.ndarray], names: Seq
 
     per_output: dict[str, dict[str, Any]] = {}
     judged, against_source = [], []
+    unlike_source: dict[str, dict[str, list[int]]] = {}  # left out of `fidelity`
     for index, (name, mine, theirs) in enumerate(zip(names, device, host, strict=False)):
         mine, theirs = np.asarray(mine, np.float64), np.asarray(theirs, np.float64)
         kind = kinds[index] if kinds is not None and index < len(kinds) else (
@@ -140,6 +141,9 @@ def compare(device: Sequence[np.ndarray], host: Sequence[np.ndarray], names: Seq
             reference = np.asarray(reference, np.float64)[:len(mine)]
             if reference.shape == mine.shape:
                 against_source.append((kind, mine, reference))
+            else:
+                unlike_source[name] = {"board": list(mine.shape),
+                                       "source": list(reference.shape)}
         figures: dict[str, Any] = {
             "kind": kind, "max_abs_diff": float(f"{fidelity.max_abs_diff(mine, theirs):.6g}"),
             "sqnr_db": round(fidelity.sqnr_db(mine, theirs), 3)}
@@ -151,6 +155,8 @@ def compare(device: Sequence[np.ndarray], host: Sequence[np.ndarray], names: Seq
         "fidelity": round(fidelity.fidelity_of(against_source), 6) if against_source
         else None,
         "agreement_with_host": round(fidelity.fidelity_of(judged), 6)}
+    if unlike_source:
+        result["unlike_source"] = unlike_source
     agreements = [o["top1_agreement"] for o in per_output.values() if "top1_agreement" in o]
     if agreements:
         result["top1_agreement"] = min(agreements)

@@ -103,7 +103,7 @@ class BoardSession:
     def _in_flight(self) -> Iterator[None]:
         """A request under way; cut short (Ctrl-C, an error), the board's process is killed
         now: it would read nothing until its measurement ends, and the frames are out of
-        step."""
+        step. Either way the request is over: `busy` is False after it."""
         self.busy = True
         try:
             yield
@@ -112,7 +112,8 @@ class BoardSession:
             if process is not None and process.returncode is None:  # not killed yet
                 _kill(process)
             raise
-        self.busy = False
+        finally:
+            self.busy = False
 
     def describe(self) -> dict[str, Any]:
         reply, _ = self.request({"op": "describe"}, timeout=START_TIMEOUT_S,

@@ -303,9 +303,7 @@ def check_budgets(variant: Mapping[str, Any], budgets: Any, est_latency_ms: floa
     minimum = getattr(budgets, "min_device_agreement", None)
     if minimum is not None:
         # the class outputs' top-1 agreement, else the energy fidelity of the others
-        board = on_device or {}  # agreement_with_host; an older report's `fidelity`
-        agreement = board.get("top1_agreement", board.get("agreement_with_host",
-                                                          board.get("fidelity")))
+        agreement = agreement_with_host(on_device or {})
         if agreement is None:
             reason = (on_device or {}).get("reason") or "add connect: to the target"
             violations.append(Violation(f"device agreement not measured: {reason}", FIDELITY))
@@ -317,6 +315,13 @@ def check_budgets(variant: Mapping[str, Any], budgets: Any, est_latency_ms: floa
         violations.append(Violation(f"RAM {shown[0]} MiB {ram_measure} > max_ram_mb "
                                     f"{budgets.max_ram_mb:g} MiB", RAM))
     return violations
+
+
+def agreement_with_host(board: Mapping[str, Any]) -> float | None:
+    """A board's agreement with this host's outputs for the same file: the class outputs'
+    `top1_agreement`, else `agreement_with_host` (the energy fidelity of the others); a
+    report from before issue 39 named it `fidelity` there. None when not measured."""
+    return board.get("top1_agreement", board.get("agreement_with_host", board.get("fidelity")))
 
 
 def _ram_measure(variant: Mapping[str, Any]) -> str:

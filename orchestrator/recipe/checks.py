@@ -224,14 +224,16 @@ def check_connections(recipe: Recipe, stages: Mapping[str, list[tuple[str, BaseM
                       path: Path, marks: Mapping[Loc, tuple[int, int]],
                       parts: Collection[str] | None = None) -> list[RecipeError]:
     """Each target's `connect:` is a device URL we can use; each measure_on_device stage
-    names a target that has one."""
+    names a target that has one; a pipeline's `measure_on_device:` names only such targets
+    and does not contradict its stages. Of the recipe's `parts` that validated (all by
+    default): the pipelines' checks run with or without the targets, those naming a target
+    only where the targets validated (else which have a board is not known)."""
     from orchestrator.devices.urls import DeviceURLError, parse_device_url
 
     errors: list[RecipeError] = []
-    if parts is not None and "targets" not in parts:
-        return errors
+    targets_known = parts is None or "targets" in parts
     connected = []
-    for index, target in enumerate(recipe.targets):
+    for index, target in enumerate(recipe.targets if targets_known else ()):
         if target.connect is None:
             continue
         try:
@@ -240,9 +242,11 @@ def check_connections(recipe: Recipe, stages: Mapping[str, list[tuple[str, BaseM
         except DeviceURLError as exc:
             errors.append(make_error(RecipeError, str(exc), path,
                                      ("targets", index, "connect"), marks))
-    for name, pipeline in recipe.pipelines.items():  # `measure_on_device:` of a pipeline
+    pipelines = recipe.pipelines if parts is None or "pipelines" in parts else {}
+    for name, pipeline in pipelines.items():  # `measure_on_device:` of a pipeline
         chosen = pipeline.measure_on_device
-        unknown = [t for t in chosen if t not in connected] if isinstance(chosen, list) else []
+        unknown = [t for t in chosen if t not in connected] \
+            if isinstance(chosen, list) and targets_known else []
         listed = [i for i, (s, _) in enumerate(stages.get(name, [])) if s == "measure_on_device"]
         if unknown:
             errors.append(make_error(
@@ -255,7 +259,7 @@ def check_connections(recipe: Recipe, stages: Mapping[str, list[tuple[str, BaseM
                 RecipeError, "measure_on_device: false, but the pipeline lists a "
                 "measure_on_device stage: remove one or the other", path,
                 ("pipelines", name, "stages", listed[0]), marks))
-    for name, found in stages.items():
+    for name, found in stages.items() if targets_known else ():
         for index, (stage, params) in enumerate(found):
             target = getattr(params, "target", None)
             if stage == "measure_on_device" and target not in connected and getattr(

@@ -270,8 +270,8 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None,
               for name, found in entries.items() if name not in broken}
     if _has(parts, "name") or _has(parts, "pipelines") or _has(parts, "targets"):
         errors += check_names(recipe, path, marks, parts)
-    if _has(parts, "pipelines") and _has(parts, "targets"):
-        errors += check_connections(recipe, stages, path, marks)
+    if _has(parts, "pipelines") or _has(parts, "targets"):
+        errors += check_connections(recipe, stages, path, marks, parts)
     deferred: list[str] = list(data["pipelines"]) if isinstance(data.get("pipelines"),
                                                                   dict) else []
     if _has(parts, "pipelines"):
@@ -345,6 +345,6 @@ def _partial_recipe(data: dict[str, Any], exc: ValidationError) -> tuple[Recipe,
             continue
     recipe = Recipe.model_construct(**values)
     for name, info in Recipe.model_fields.items():  # absent fields get their defaults
-        if name not in values and not info.is_required():
+        if name not in values and not info.is_required() and (info.alias or name) not in data:
             values[name] = getattr(recipe, name)
     return recipe, set(values)

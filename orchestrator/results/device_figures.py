@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from orchestrator.formatting import format_ms, format_number
+from orchestrator.measure.budgets import agreement_with_host
 
 EMULATED_NOTE = ("emulated: qemu runs the Arm kernels, so accuracy and agreement are the "
                  "board's; its timings are qemu's, not the core's, and decide nothing")
@@ -63,7 +64,7 @@ def device_rows(report: Mapping[str, Any]) -> list[dict[str, str]]:
                 "accuracy (host)": f"{format_number(measured.get('accuracy'), '.4f')} ("
                                    f"{format_number(measured.get('host_accuracy'), '.4f')})",
                 "fidelity": format_number(_source_fidelity(measured), ".4f"),
-                "agreement with host": format_number(_with_host(measured), ".4f"),
+                "agreement with host": format_number(agreement_with_host(measured), ".4f"),
                 "max abs diff": "-" if worst is None else f"{worst:.3g}",
                 "cv": format_number(latency.get("cv"), ".2f"),
                 "note": ", ".join(filter(None, (
@@ -79,11 +80,6 @@ def _source_fidelity(measured: Mapping[str, Any]) -> float | None:
     """Fidelity to the float source model (before issue 39 a report's board `fidelity` was
     its agreement with this host: not shown as fidelity)."""
     return measured.get("fidelity") if "agreement_with_host" in measured else None
-
-
-def _with_host(measured: Mapping[str, Any]) -> float | None:
-    return measured.get("top1_agreement", measured.get("agreement_with_host",
-                                                       measured.get("fidelity")))
 
 
 def capped_lines(report: Mapping[str, Any], target: str) -> list[str]:

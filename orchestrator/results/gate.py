@@ -20,6 +20,7 @@ from typing import Any
 from orchestrator.errors import OrchestratorError
 from orchestrator.formatting import SIZE_UNIT_NOTE, apart, format_ms, format_number, format_size
 from orchestrator.limits import name_problem
+from orchestrator.measure.budgets import agreement_with_host
 
 MAX_REPORT_BYTES = 64 * 1024 * 1024  # a digits report is ~13 KB; a trials table adds little
 REGISTRY_PREFIX = "registry:"
@@ -343,7 +344,7 @@ def _device_rows(name: str, target: str, base: Mapping[str, Any], new: Mapping[s
                           limits.max_accuracy_drop),
             _compare_drop(_row(name, f"{target} agreement (board)",
                                f"top-1 agreement of {target}'s board with the host"),
-                          _with_host(theirs), _with_host(mine),
+                          agreement_with_host(theirs), agreement_with_host(mine),
                           limits.max_fidelity_drop)]
     if not mine.get("emulated") and not theirs.get("emulated"):
         rows.append(_compare_growth(
@@ -351,12 +352,6 @@ def _device_rows(name: str, target: str, base: Mapping[str, Any], new: Mapping[s
             theirs["latency_ms"]["p50"], mine["latency_ms"]["p50"],
             limits.max_latency_growth_pct, format_ms, floor=limits.min_latency_change_ms))
     return rows
-
-
-def _with_host(board: Mapping[str, Any]) -> float | None:
-    """The board's agreement with this host's outputs: top-1, else `agreement_with_host`
-    (before issue 39 a report named it `fidelity` there)."""
-    return board.get("top1_agreement", board.get("agreement_with_host", board.get("fidelity")))
 
 
 def _selection_notes(report: Mapping[str, Any], baseline: Mapping[str, Any]) -> list[str]:

@@ -7,10 +7,12 @@ replaces the folder's contents whole: the outputs are built in a hidden `.stagin
 inside it, then, with Ctrl-C held, the old entries move out (to `.old-*`) and the new ones
 in (renames within one folder), so that the folder holds the previous run's outputs or this
 run's, never a mix of the two; stale files of earlier runs (a variant since removed from
-the recipe, a picture no longer drawn) do not survive. The swap is a run's last step, once
-MLflow recorded the outputs (read from the hidden folder): a run that fails, is interrupted
-(Ctrl-C, SIGTERM) or is killed leaves the folder exactly as it was (`held_by`: what it
-still holds), and a run that completes but breaks a budget (exit 1) replaces it.
+the recipe, a picture no longer drawn) do not survive. The swap is a run's last step, right
+after MLflow recorded the outputs (read from the hidden folder, with Ctrl-C held from the
+record to the swap, so that MLflow never says a run finished that the folder lacks): a
+run that fails, is interrupted (Ctrl-C, SIGTERM) or is killed leaves the folder exactly as
+it was (`held_by`: what it still holds), and a run that completes but breaks a budget
+(exit 1) replaces it.
 
 A run holds a lock (flock) on its working folders while it writes them; the working
 folders of a run that was killed (`kill -9`) are removed by the next run of the folder
@@ -32,7 +34,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -219,14 +221,23 @@ def write_marker(folder: Path, owner: Owner, final: Path | None = None) -> None:
 
 
 @contextmanager
-def replacing(folder: Path, owner: Owner) -> Iterator[Path]:
+def replacing(folder: Path, owner: Owner,
+              record: Callable[[Path], object] | None = None) -> Iterator[Path]:
     """An empty hidden folder in `folder` to build the run's outputs in; when the block
-    ends without an error, `folder`'s contents are replaced by it, marker included (the
-    block records the run from there first: the swap is the last step). When the block
-    fails, `folder` is as it was before it, untouched. An OSError of either step is an
-    OutputError naming `folder`; a folder this created is removed on failure. First, the
-    working folders a killed run left in `folder` are removed."""
+    ends without an error, `folder`'s contents are replaced by it, marker included. The
+    marker and the folder the old outputs move to are made first, then, with Ctrl-C held,
+    `record(built)` (MLflow records the run from the hidden folder) and the swap, the last
+    step: a Ctrl-C meanwhile acts once the folder holds this run (and `held_by` says so).
+    When the block or `record` fails, `folder` is as it was before it, untouched. An
+    OSError of the block or the swap is an OutputError naming `folder`; a folder this
+    created is removed on failure. First, the working folders a killed run left in
+    `folder` are removed."""
+    from orchestrator.cache.store import interrupts_deferred
     from orchestrator.paths import describe_os_error
+
+    def cannot_write(exc: OSError) -> OutputError:
+        return OutputError(f"cannot write the outputs to {folder}: {describe_os_error(exc)}",
+                           file=str(folder))
 
     created = not folder.exists()
     locks: list[int] = []
@@ -239,21 +250,25 @@ def replacing(folder: Path, owner: Owner) -> Iterator[Path]:
             built = _working_folder(folder, ".staging-", locks)
             working.append(built)
         except OSError as exc:
-            raise OutputError(f"cannot write the outputs to {folder}: "
-                              f"{describe_os_error(exc)}", file=str(folder)) from exc
+            raise cannot_write(exc) from exc
         try:
             yield built
             write_marker(built, owner, final=folder)
             old = _working_folder(folder, ".old-", locks)
             working.append(old)
-            _swap_in(folder, built, old)
-            done = True
         except OutputError as exc:  # name the folder the user gave, not our hidden one
             raise OutputError(exc.message.replace(str(built), str(folder)),
                               file=str(folder)) from exc
         except OSError as exc:
-            raise OutputError(f"cannot write the outputs to {folder}: "
-                              f"{describe_os_error(exc)}", file=str(folder)) from exc
+            raise cannot_write(exc) from exc
+        with interrupts_deferred():  # recorded and swapped in, or neither (but a record
+            if record is not None:  # that fails: the run failed, the folder stays)
+                record(built)
+            try:
+                _swap_in(folder, built, old)
+            except OSError as exc:
+                raise cannot_write(exc) from exc
+            done = True  # before a Ctrl-C held meanwhile acts: the folder is this run's
     finally:
         for path in working:  # built (empty once swapped in) and the previous outputs
             shutil.rmtree(path, ignore_errors=True)
@@ -318,27 +333,25 @@ def remove_leftovers(folder: Path) -> list[str]:
 
 def _swap_in(folder: Path, built: Path, old: Path) -> None:
     """Move `folder`'s entries into `old` (report.json first) and `built`'s in
-    (report.json last), with Ctrl-C held; a rename that fails puts back what had moved."""
-    from orchestrator.cache.store import interrupts_deferred
-
+    (report.json last); a rename that fails puts back what had moved. Called with Ctrl-C
+    held (`replacing`)."""
     outgoing = sorted(_entries(folder), key=lambda name: name != "report.json")
     if (folder / MARKER).exists():
         outgoing.append(MARKER)
     incoming = sorted(os.listdir(built), key=lambda name: name == "report.json")
     moved: list[tuple[Path, Path]] = []
-    with interrupts_deferred():
-        try:
-            for name in outgoing:
-                os.rename(folder / name, old / name)
-                moved.append((folder / name, old / name))
-            for name in incoming:
-                os.rename(built / name, folder / name)
-                moved.append((built / name, folder / name))
-        except OSError:
-            for source, target in reversed(moved):
-                with contextlib.suppress(OSError):
-                    os.rename(target, source)
-            raise
+    try:
+        for name in outgoing:
+            os.rename(folder / name, old / name)
+            moved.append((folder / name, old / name))
+        for name in incoming:
+            os.rename(built / name, folder / name)
+            moved.append((built / name, folder / name))
+    except OSError:
+        for source, target in reversed(moved):
+            with contextlib.suppress(OSError):
+                os.rename(target, source)
+        raise
 
 
 def held_by(folder: Path, run_started: datetime.datetime | None = None) -> str:

@@ -59,8 +59,7 @@ _BUDGET_WORDS = {
     "max_latency_ms": ("latency", "≤", " ms"), "max_accuracy_drop": ("accuracy drop", "≤", ""),
     "min_fidelity": ("fidelity", "≥", ""),
     "min_sqnr_db": ("SQNR of every output but class scores", "≥", " dB"),
-    "min_device_agreement": ("top-1 agreement, board against this host", "≥", ""),
-    "min_agreement_with_host": ("top-1 agreement, board against this host", "≥", "")}
+    "min_device_agreement": ("top-1 agreement, board against this host", "≥", "")}
 _OUTPUT_BUDGET_WORDS = {"min_sqnr_db": ("SQNR", "≥", " dB"), "min_cosine": ("cosine", "≥", ""),
                         "max_abs_error": ("abs error", "≤", ""),
                         "min_agreement": ("agreement", "≥", "")}
@@ -100,7 +99,7 @@ def budget_words(budgets: Mapping[str, Any] | None) -> list[tuple[str, str]]:
 def below_host(variant: Mapping[str, Any], target: str, short: bool = False) -> str | None:
     """Why the estimate for `target` is below what this host measured for the same file
     (a sentence; `short`: a few words, for a table cell); None where it is not below."""
-    from orchestrator.measure.estimates import SPREAD_WARN
+    from orchestrator.measure.estimates import timings_spread
 
     result = (variant.get("targets") or {}).get(target) or {}
     made = result.get("estimate") or {}
@@ -119,7 +118,7 @@ def below_host(variant: Mapping[str, Any], target: str, short: bool = False) -> 
         return (f"below this host's p50: this host spends most of it in {kernels}; the "
                 "estimate counts the device's own compute instead")
     fastest = made.get("host_fastest_ms")
-    if isinstance(fastest, int | float) and fastest > 0 and p50 / fastest > SPREAD_WARN:
+    if isinstance(fastest, int | float) and timings_spread(p50, fastest):
         return "below host: its runs were slowed" if short else (
             f"below this host's p50: the host's runs were slowed (p50 {p50 / fastest:.3g}× "
             "the fastest run); the estimate reads the fastest")

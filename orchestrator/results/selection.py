@@ -244,16 +244,44 @@ def _tie_words(name: str, ok: Mapping[str, Mapping[str, Any]], decision: _Decisi
         host = f"only {timed[0]} measured on this host"
     else:
         host = "none measured on this host"
-    if decision.by == "size":
-        rival = min(rivals, key=lambda n: ok[n]["size_bytes"])
-        mine, theirs = apart(ok[name]["size_bytes"], ok[rival]["size_bytes"], format_size)
-        broken = f"the smaller file ({mine} vs {rival}'s {theirs})"
-    elif decision.by == "kind":
-        broken = (f"the simpler kind ({ok[name].get('kind', 'graphdef')}; the same size as "
-                  f"{', '.join(rivals)})")
-    else:
-        broken = f"recipe order (the same size and kind as {', '.join(rivals)})"
+    broken = " and ".join(_broken_words(name, ok, decision))
     return f"a tie ({host}), broken by {broken}"
+
+
+def _tie_key(ok: Mapping[str, Mapping[str, Any]], name: str) -> tuple[int, int, int]:
+    """The stable rule's key: size, kind, recipe order (the order of `ok`)."""
+    return (int(ok[name]["size_bytes"]), _kind_rank(ok[name]), list(ok).index(name))
+
+
+def _lost_by(name: str, chosen: str, ok: Mapping[str, Mapping[str, Any]]) -> str:
+    """Which step of the stable rule put `chosen` before `name`, from their own keys:
+    "size", "kind" or "order"."""
+    mine, theirs = _tie_key(ok, name), _tie_key(ok, chosen)
+    return "size" if mine[0] != theirs[0] else "kind" if mine[1] != theirs[1] else "order"
+
+
+def _broken_words(name: str, ok: Mapping[str, Mapping[str, Any]], decision: _Decision
+                  ) -> list[str]:
+    """How the stable rule put `name` before each rival in the tie, each rival named only
+    under the step that separated it from `name`: size, then kind, then recipe order."""
+    rivals = [n for n in decision.tied if n != name]
+    by: dict[str, list[str]] = {"size": [], "kind": [], "order": []}
+    for rival in rivals:
+        by[_lost_by(rival, name, ok)].append(rival)
+    words = []
+    if by["size"]:
+        nearest = min(by["size"], key=lambda n: ok[n]["size_bytes"])
+        mine = apart(ok[name]["size_bytes"], ok[nearest]["size_bytes"], format_size)[0]
+        words.append(f"the smaller file ({mine} vs " + ", ".join(
+            f"{n}'s {apart(ok[name]['size_bytes'], ok[n]['size_bytes'], format_size)[1]}"
+            for n in by["size"]) + ")")
+    if by["kind"]:
+        words.append(f"the simpler kind ({ok[name].get('kind', 'graphdef')} vs " + ", ".join(
+            f"{n}'s {ok[n].get('kind', 'graphdef')}" for n in by["kind"])
+            + ", the same size)")
+    if by["order"]:
+        words.append(f"recipe order (the same size and kind as {', '.join(by['order'])})")
+    return words
 
 
 def _other_reason(name: str, ok: Mapping[str, Mapping[str, Any]], target: str,
@@ -280,10 +308,11 @@ def _other_reason(name: str, ok: Mapping[str, Mapping[str, Any]], target: str,
         return (f"meets every budget, estimated latency close to {chosen}'s ({mine} vs "
                 f"{theirs}), but slower measured on this host ({host_mine} vs {host_theirs} "
                 f"{_what(variant)})")
-    if decision.by == "size":
+    lost_by = _lost_by(name, chosen, ok)
+    if lost_by == "size":
         size_mine, size_theirs = apart(variant["size_bytes"], best["size_bytes"], format_size)
         lost = f"larger ({size_mine} vs {size_theirs})"
-    elif decision.by == "kind":
+    elif lost_by == "kind":
         lost = f"the same size, a less simple kind ({variant.get('kind', 'graphdef')})"
     else:
         lost = "the same size and kind, later in the recipe"

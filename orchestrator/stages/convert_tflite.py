@@ -103,14 +103,14 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
     from orchestrator.model.litert_model import describe
 
     ctx, samples_used = counting_samples(ctx)
-    converter = _converter(given, params, ctx)
+    converter, output_shapes = _converter(given, params, ctx)
     flatbuffer = _convert(converter, given, params, ctx)
     warnings: list[str] = []
     kept_per_channel: dict[str, int] = {}
     if not params.per_channel:
         per_channel = params.model_copy(update={"per_channel": True})
         flatbuffer, kept = _depthwise_per_channel(flatbuffer, lambda: _convert(
-            _converter(given, per_channel, ctx), given, per_channel, ctx))
+            _converter(given, per_channel, ctx)[0], given, per_channel, ctx))
         if kept["filters"]:
             kept_per_channel = {PER_CHANNEL_ONLY_HYBRID: kept["filters"]}
             how = ("their per-channel conversion" if not kept["repeated"] else
@@ -124,7 +124,7 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
                 "per tensor")
     # the graph's inputs and outputs in its order, named by a signature: the converter
     # keeps neither the order of several outputs nor, always, their names
-    flatbuffer = _signed(flatbuffer, given)
+    flatbuffer = _signed(flatbuffer, given, output_shapes)
     if params.strip_names:
         flatbuffer = _stripped(flatbuffer)
     facts = describe(flatbuffer)
@@ -142,7 +142,7 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
     metrics: dict[str, float] = {}
     diagnostics: list[str] = []
     if params.mode == "int8" and params.diagnostic_samples:
-        rows = _layer_errors(_converter(given, params, ctx), params, ctx)
+        rows = _layer_errors(_converter(given, params, ctx)[0], params, ctx)
         info["layer_errors"] = rows
         flagged = [r for r in rows if r["rmse_over_scale"] > LAYER_ERROR_LIMIT]
         metrics.update({"layer_error_max": max((r["rmse_over_scale"] for r in rows),
@@ -193,17 +193,15 @@ def _graph_flops(given: ModelArtifact, warnings: list[str]) -> int | None:
         return None
 
 
-def _signed(flatbuffer: bytes, given: ModelArtifact) -> bytes:
+def _signed(flatbuffer: bytes, given: ModelArtifact,
+            shapes: list[list[int | None] | None]) -> bytes:
     """The flatbuffer's inputs and outputs in the graph's order, under a `serving_default`
     signature named as the graph names them (litert_model.with_signature), each output
-    found by name, else by its shape in the graph; one whose shape differs from the
-    graph's is a stage error."""
+    found by name, else by its `shapes` in the graph (`_converter`'s); one whose shape
+    differs from the graph's is a stage error."""
     from orchestrator.errors import StageError
     from orchestrator.model.litert_model import with_signature
 
-    _, function = _concrete_function(given)
-    shapes = [None if out.shape.rank is None else list(out.shape.as_list())
-              for out in function.outputs]
     try:
         return with_signature(flatbuffer, given.input_names, list(given.outputs), shapes,
                               replace=True)
@@ -228,10 +226,15 @@ def _concrete_function(given: ModelArtifact) -> Any:
         fetches=[graph.get_tensor_by_name(tensor_name(n)) for n in given.outputs])
 
 
-def _converter(given: ModelArtifact, params: Params, ctx: StageContext) -> Any:
+def _converter(given: ModelArtifact, params: Params, ctx: StageContext
+               ) -> tuple[Any, list[list[int | None] | None]]:
+    """The converter for `params`, and the graph's output shapes as the concrete function
+    it converts has them (what `_signed` finds outputs by: the graph wrapped once)."""
     import tensorflow as tf
 
     wrapped, function = _concrete_function(given)
+    shapes = [None if out.shape.rank is None else list(out.shape.as_list())
+              for out in function.outputs]
     converter = tf.lite.TFLiteConverter.from_concrete_functions([function], wrapped)
     ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
     if params.mode != "fp32":
@@ -254,7 +257,7 @@ def _converter(given: ModelArtifact, params: Params, ctx: StageContext) -> Any:
     if not params.per_channel:
         converter._experimental_disable_per_channel = True  # the converter's only switch
     converter.target_spec.supported_ops = ops
-    return converter
+    return converter, shapes
 
 
 def _calibration(ctx: StageContext, samples: int) -> Any:

@@ -16,8 +16,9 @@ what was asked.
 runtimes), `emulated`, `latency_ms` (first thread setting), `threads` and
 `threads_matrix`, `load`, `noise` (governor, pinned cores, temperatures, lock wait),
 `fidelity`, `accuracy`, `host_accuracy`, `agreement_with_host`, `top1_agreement`,
-`outputs` (per output, against this host's), `seconds`; or `measured: false` and `reason`
-where the board cannot run this kind of file.
+`outputs` (per output, against this host's), `unlike_source` (outputs left out of
+`fidelity`: their shape differs from the source model's; a warning names them),
+`seconds`; or `measured: false` and `reason` where the board cannot run this kind of file.
 """
 
 from __future__ import annotations
@@ -174,6 +175,14 @@ def _warnings(params: Params, result: dict[str, Any]) -> list[str]:
     if disagree:
         warnings.append(f"{where}: the board's outputs disagree with this host's for the "
                         f"same file: {', '.join(disagree)}")
+    if result.get("unlike_source"):  # fidelity covers the others only, or is None
+        shapes = ", ".join(f"{name} ({shape['board']} on the board, {shape['source']} in "
+                           f"the source model)"
+                           for name, shape in result["unlike_source"].items())
+        covered = ("covers the other outputs only" if result.get("fidelity") is not None
+                   else "is not measured")
+        warnings.append(f"{where}: fidelity to the source model {covered}: these outputs' "
+                        f"shapes differ from the source model's: {shapes}")
     cv = result["latency_ms"]["cv"]
     if cv > NOISY_CV and not result["emulated"]:
         warnings.append(f"{where}: the timings vary too much to trust (cv {cv:.2f} > "

@@ -80,7 +80,8 @@ NOTE_TAG = "mlflow.note.content"  # the run's (or experiment's) description in t
 
 # A pipeline's measurement: these stages' metrics are the pipeline's own (unprefixed, as the
 # report has them); other stages' metrics are prefixed with the stage (`quantize_nodes.x`).
-MEASURING_STAGES = ("benchmark", "evaluate")
+# measure_on_device's are `device_<figure>.<target>` (its _metrics builds them).
+MEASURING_STAGES = ("benchmark", "evaluate", "measure_on_device")
 # Per pipeline on its own run, at the end (the report's figures, one column each)
 PIPELINE_METRICS = ("size_bytes", "gzip_size_bytes", "params", "flops", "ram_bytes",
                     "accuracy", "accuracy_drop", "fidelity")
@@ -182,26 +183,21 @@ def variant_metrics(variant: Mapping[str, Any]) -> dict[str, float]:
         if result.get("est_latency_ms") is not None:
             values[f"est_latency_ms.{target}"] = float(result["est_latency_ms"])
         values[f"budgets_ok.{target}"] = float(bool(result.get("budgets_ok")))
-        values.update(device_metrics(target, result.get("measured") or {}))
+    values.update(chosen_trial_device_metrics(variant))
     seconds = [s.get("seconds") for s in variant.get("stages") or []]
     values["seconds"] = float(sum(s for s in seconds if isinstance(s, int | float)))
     return values
 
 
-# What a target's board measured, per pipeline run: `device_<figure>.<target>`. fidelity is
-# against the float source model (as the variant's), agreement_with_host against this
-# host's outputs for the same file
-DEVICE_METRICS = ("fidelity", "accuracy", "agreement_with_host", "top1_agreement")
-
-
-def device_metrics(target: str, measured: Mapping[str, Any]) -> dict[str, float]:
-    if not measured.get("measured") or "agreement_with_host" not in measured:
-        return {}  # not measured there (or a report from before the names were told apart)
-    values = numeric_values({f"device_{k}.{target}": measured.get(k) for k in DEVICE_METRICS})
-    p50 = (measured.get("latency_ms") or {}).get("p50")
-    if isinstance(p50, int | float):
-        values[f"device_latency_p50_ms.{target}"] = float(p50)
-    return values
+def chosen_trial_device_metrics(variant: Mapping[str, Any]) -> dict[str, float]:
+    """A guarded pipeline's board figures (`device_<figure>.<target>`, as measure_on_device
+    made them): where the guard chose a trial, the boards measured its model as a trial's
+    stage, which the stage hook does not log (node_end logged the recipe's own model's).
+    An unguarded pipeline's were logged as its stage ended: none here."""
+    if not variant.get("trials"):
+        return {}
+    return numeric_values({k: v for k, v in (variant.get("metrics") or {}).items()
+                           if k.startswith("device_")})
 
 
 def parent_metrics(report: Mapping[str, Any]) -> dict[str, float]:

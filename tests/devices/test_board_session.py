@@ -197,6 +197,7 @@ def test_a_runner_that_hangs_is_device_lost_at_the_deadline(session: BoardSessio
     finally:
         subprocess.run(["kill", "-CONT", str(pid)], check=False)
     assert not session.alive  # the session killed it
+    assert not session.busy  # the request is over: close() does not take it for one
 
 
 def _wait_until(condition: object, timeout: float = 60) -> None:

@@ -229,14 +229,38 @@ def test_the_board_table_names_each_figure_and_says_threads_were_capped() -> Non
     assert "capped" not in row["note"]
 
 
-def test_mlflow_logs_the_boards_fidelity_and_its_agreement_with_the_host_apart() -> None:
-    from orchestrator.tracking.worker import device_metrics, variant_metrics
+def test_mlflow_logs_the_boards_fidelity_and_its_agreement_with_the_host_apart(
+        tmp_path: Path) -> None:
+    """The stage's metrics are the one source of `device_*`: logged once per pipeline run,
+    as it ends; the end of the run adds them again only for a guard's chosen trial."""
+    from orchestrator.stages.measure_on_device import _metrics
+    from orchestrator.tracking.worker import MlflowLogger, variant_metrics
 
-    metrics = variant_metrics(variant(0.5, 0.96, measured_on_board()))
+    measured = measured_on_board(load={"load_ms": 12.0})
+    metrics = _metrics("pi", measured)
     assert metrics["device_fidelity.pi"] == 0.96
     assert metrics["device_agreement_with_host.pi"] == 1.0
     assert metrics["device_accuracy.pi"] == 0.9933
-    assert device_metrics("pi", {"measured": False, "reason": "no tensorflow"}) == {}
+
+    logger = MlflowLogger(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = logger.client.create_experiment("boards", (tmp_path / "a").as_uri())
+    logger.parent_run_id = logger.client.create_run(experiment).info.run_id
+    run_id = logger.client.create_run(experiment).info.run_id
+    logger.pipeline_runs["lite"] = run_id
+    logger.node_end({"pipeline": "lite", "stage": "measure_on_device", "index": 3,
+                     "time_ms": 1, "metrics": metrics})
+    lite = {**variant(0.5, 0.96, measured), "metrics": metrics}
+    logger.finish({"report": {"variants": {"lite": lite}}})
+    logged = logger.client.get_run(run_id).data.metrics
+    assert logged["device_fidelity.pi"] == 0.96
+    assert logged["device_agreement_with_host.pi"] == 1.0
+    assert not any(k.startswith("measure_on_device.") for k in logged)
+    for key in metrics:  # once each, not again at the end from the report
+        assert len(logger.client.get_metric_history(run_id, key)) == 1, key
+    # a guarded pipeline: its chosen trial's board figures were a trial's stage (not
+    # logged as it ended): the end of the run logs them
+    assert variant_metrics({**lite, "trials": [{"trial": 0}]})["device_fidelity.pi"] == 0.96
+    assert not any(k.startswith("device_") for k in variant_metrics(lite))
 
 
 def test_min_device_agreement_reads_the_agreement_with_the_host_not_the_fidelity() -> None:
@@ -253,3 +277,35 @@ def test_min_device_agreement_reads_the_agreement_with_the_host_not_the_fidelity
     [broken] = [v for v in check_budgets(kept, budgets, 0.5, on_device=figures)
                 if "agreement" in str(v)]
     assert "0.9000" in str(broken)
+
+
+def test_an_output_shaped_unlike_the_sources_is_named_not_dropped_silently() -> None:
+    import numpy as np
+
+    from orchestrator.devices.measurement import compare
+    from orchestrator.stages.measure_on_device import Params, _warnings
+
+    rng = np.random.default_rng(0)
+    scores, boxes = rng.random((4, 3)), rng.random((4, 8))
+    # the source model's second output is (4, 2, 4): the board's (4, 8) cannot be compared
+    compared = compare([scores, boxes], [scores, boxes], ["scores", "boxes"], None,
+                       None, [scores, boxes.reshape(4, 2, 4)])
+    assert compared["unlike_source"] == {"boxes": {"board": [4, 8], "source": [4, 2, 4]}}
+    assert compared["fidelity"] is not None  # the scores only
+    result = {"where": "ssh://pi@board", "emulated": True,
+              "latency_ms": {"p50": 1.0, "cv": 0.01}}
+    [warning] = _warnings(Params(target="pi", connect="ssh://pi@board"),
+                          {**result, **compared})
+    assert warning == ("pi (ssh://pi@board): fidelity to the source model covers the other "
+                       "outputs only: these outputs' shapes differ from the source model's: "
+                       "boxes ([4, 8] on the board, [4, 2, 4] in the source model)")
+    # every output unlike the source's: no fidelity at all, and the warning says so
+    compared = compare([boxes], [boxes], ["boxes"], None, None, [boxes.reshape(4, 2, 4)])
+    assert compared["fidelity"] is None
+    [warning] = _warnings(Params(target="pi", connect="ssh://pi@board"),
+                          {**result, **compared})
+    assert "fidelity to the source model is not measured" in warning
+    # alike: nothing said
+    same = compare([boxes], [boxes], ["boxes"], None, None, [boxes])
+    assert "unlike_source" not in same
+    assert not _warnings(Params(target="pi", connect="ssh://pi@board"), {**result, **same})

@@ -400,3 +400,21 @@ def test_ctrl_c_in_the_last_moments_of_exit_keeps_the_exit_code(
         kill_group(process)
     text = err_path.read_text(errors="replace")
     assert "finalizing" in text and code == 0, f"exit {code}:\n{text[-3000:]}"
+
+
+def test_a_ctrl_c_a_library_turned_into_its_error_keeps_the_run_interrupted() -> None:
+    """Review of issue 39: a Ctrl-C that a library turned into an error of its own, not
+    chaining our KeyboardInterrupt, still closes the MLflow run as interrupted (KILLED):
+    the command noted it (orchestrator.errors.interrupts_seen, which cli.main fills)."""
+    from orchestrator.errors import interrupts_seen
+    from pipelines.recipe_run import was_interrupted
+
+    saved = list(interrupts_seen)
+    try:
+        interrupts_seen.clear()
+        assert not was_interrupted(RuntimeError("model loading failed"))  # a failure
+        assert was_interrupted(KeyboardInterrupt())
+        interrupts_seen.append(signal.SIGINT)
+        assert was_interrupted(RuntimeError("model loading failed"))
+    finally:
+        interrupts_seen[:] = saved

@@ -281,3 +281,54 @@ def test_a_failed_run_leaves_its_folder_as_it_was(tmp_path: Path) -> None:
         (built / "int8").mkdir()
         (built / "report.json").write_text('{"new": 2}')
     assert sorted(p.name for p in out.iterdir()) == [MARKER, "int8", "report.json"]
+
+
+def test_mlflow_records_the_run_right_before_the_swap(tmp_path: Path) -> None:
+    """Review of issue 39: the run is recorded (MLflow: FINISHED) only once its marker and
+    the folder the old outputs move to are made, and with Ctrl-C held until the swap is
+    done: a Ctrl-C while recording acts once the folder holds this run, which `held_by`
+    then says; a record that fails (OSError included) leaves the folder as it was."""
+    import os
+    import signal
+
+    from orchestrator.results.output_folder import held_by, replacing
+
+    out, owner = _a_run_of_mine(tmp_path)
+    before = tree(out)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C: raises
+    try:
+        for error in (RuntimeError("MLflow refused"), BrokenPipeError("worker gone")):
+            def fails(built: Path, error: Exception = error) -> None:
+                raise error
+
+            with pytest.raises(type(error)), replacing(out, owner, record=fails) as built:
+                (built / "report.json").write_text('{"new": 1}')
+            assert tree(out) == before, error
+            assert "still holds the run of" in held_by(out)
+
+        seen: dict[str, object] = {}
+
+        def record(built: Path) -> None:  # what MLflow reads, and a Ctrl-C meanwhile
+            seen["marker"] = (built / MARKER).is_file()
+            seen["old"] = [name for name in os.listdir(out) if name.startswith(".old-")]
+            seen["out"] = tree(out, skip=[name for name in os.listdir(out)
+                                          if name.startswith((".old-", ".staging-"))])
+            os.kill(os.getpid(), signal.SIGINT)
+            seen["recorded"] = True  # not cut short
+
+        started = datetime.datetime.now(datetime.UTC)
+        with pytest.raises(KeyboardInterrupt), replacing(out, owner, record=record) as built:
+            (built / "report.json").write_text('{"new": 2}')
+        assert seen["marker"] and len(seen["old"]) == 1 and seen["out"] == before
+        assert seen["recorded"]
+        assert json.loads((out / "report.json").read_text()) == {"new": 2}
+        assert sorted(p.name for p in out.iterdir()) == [MARKER, "report.json"]
+        assert held_by(out, started).startswith(f"{out} holds this run's outputs, complete")
+
+        # a folder the run created stays once it holds the run
+        fresh = tmp_path / "fresh"
+        with pytest.raises(KeyboardInterrupt), replacing(fresh, owner, record=record) as built:
+            (built / "report.json").write_text("{}")
+        assert sorted(p.name for p in fresh.iterdir()) == [MARKER, "report.json"]
+    finally:
+        signal.signal(signal.SIGINT, previous)

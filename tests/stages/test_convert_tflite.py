@@ -462,3 +462,22 @@ def _rotated(flatbuffer: bytes) -> bytes:
     subgraph = model.subgraphs[0]
     subgraph.outputs = [int(i) for i in subgraph.outputs[1:]] + [int(subgraph.outputs[0])]
     return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+
+
+def test_a_conversion_wraps_the_graph_once(graph: ModelArtifact, digits: dict,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # the signature reads the output shapes off the function the converter converts, not
+    # off a second wrapping of the graph (a real conversion, the real wrapping, counted)
+    from orchestrator.stages import convert_tflite
+
+    wrapped = convert_tflite._concrete_function
+    calls: list[ModelArtifact] = []
+
+    def counted(given: ModelArtifact) -> Any:
+        calls.append(given)
+        return wrapped(given)
+
+    monkeypatch.setattr(convert_tflite, "_concrete_function", counted)
+    result = apply("convert_tflite", graph, digits["x_calib"], mode="fp32")
+    assert len(calls) == 1
+    assert result.info["tflite"]["mode"] == "fp32"
