@@ -256,6 +256,18 @@ def test_cli_reuses_the_server_and_per_run_mode_leaves_none(
     assert not (home / STATE_FILE).exists()
     wait_for(lambda: not servers_of(home), "the per-run server to stop")
 
+    # a new project's first run, a server per run, Prefect's database in the project (no
+    # PREFECT_HOME): the server makes the folder it keeps it in
+    fresh = tmp_path / "fresh" / ".orchestrator"
+    own = {k: v for k, v in env.items()
+           if k not in ("PREFECT_HOME", local_server.DATABASE_ENV)}
+    own.update(ORCHESTRATOR_HOME=str(fresh), **{local_server.IDLE_ENV: "0"})
+    done = subprocess.run([sys.executable, "-m", "orchestrator", "run", str(recipe),
+                           "-o", str(tmp_path / "out4"), "--no-cache"], env=own, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (fresh / local_server.DATABASE_FILE).is_file()
+
 
 def servers_of(home: Path) -> list[int]:
     """Live prefect_daemon processes serving `home`."""

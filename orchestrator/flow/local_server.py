@@ -317,6 +317,7 @@ def _spawn(home: Path, idle_s: float, log: IO[bytes],
            "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api"}
     env.pop("PREFECT_API_URL", None)
     env.update(database_env(home))
+    home.mkdir(parents=True, exist_ok=True)  # the database's folder, for a server per run too
     process = subprocess.Popen(
         [sys.executable, "-m", "orchestrator.flow.server_process", "--port", str(port),
          "--idle", str(idle_s), "--home", str(home), "--parent", str(os.getpid())],
