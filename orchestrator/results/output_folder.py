@@ -69,7 +69,8 @@ def _short(path: str) -> str:
         relative = os.path.relpath(path)
     except ValueError:
         return path
-    return relative if len(relative) < len(path) else path
+    # not `../..`: a path that climbs out of the working directory reads worse than its own
+    return relative if len(relative) < len(path) and not relative.startswith("..") else path
 
 
 def owner_of(recipe_name: str, recipe_path: Path | str) -> Owner:

@@ -226,7 +226,8 @@ def _a_run_of_mine(tmp_path: Path) -> tuple[Path, object]:
     return out, owner
 
 
-def test_a_failed_run_leaves_its_folder_as_it_was(tmp_path: Path) -> None:
+def test_a_failed_run_leaves_its_folder_as_it_was(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 39: a run that fails (a stage, or recording it once its outputs are written)
     or is interrupted leaves the previous run's folder exactly as it was, and `held_by`
     says which run it holds; a run that completes replaces it. Leftovers of a killed run
@@ -236,15 +237,17 @@ def test_a_failed_run_leaves_its_folder_as_it_was(tmp_path: Path) -> None:
 
     from orchestrator.results.output_folder import held_by, read_owner, remove_leftovers, replacing
 
+    monkeypatch.chdir(tmp_path)  # held_by names a folder relative to the working directory
+
     out, owner = _a_run_of_mine(tmp_path)
     assert read_owner(out) == owner
     before = tree(out)
-    assert held_by(out).startswith(f"{out} still holds the run of 20")
+    assert held_by(out).startswith("out still holds the run of 20")
     assert held_by(out).endswith(" UTC")
     # a run that failed after its outputs were in (a server lost as its flow ended): its own
     written = datetime.datetime.strptime(json.loads((out / MARKER).read_text())["written"],
                                          "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
-    assert held_by(out, written).startswith(f"{out} holds this run's outputs, complete")
+    assert held_by(out, written).startswith("out holds this run's outputs, complete")
     assert "still holds" in held_by(out, written + datetime.timedelta(seconds=1))
     for error in (RuntimeError("recording the run failed"), KeyboardInterrupt()):
         with pytest.raises(type(error)), replacing(out, owner) as built:
@@ -259,7 +262,7 @@ def test_a_failed_run_leaves_its_folder_as_it_was(tmp_path: Path) -> None:
         (built / "report.json").write_text("{}")
         raise RuntimeError("a stage failed")
     assert not fresh.exists()
-    assert held_by(fresh) == f"nothing was written to {fresh}"
+    assert held_by(fresh) == "nothing was written to fresh"
 
     # a killed run's leftovers go; a live run's (locked) stay
     dead = out / ".staging-dead"
@@ -283,7 +286,8 @@ def test_a_failed_run_leaves_its_folder_as_it_was(tmp_path: Path) -> None:
     assert sorted(p.name for p in out.iterdir()) == [MARKER, "int8", "report.json"]
 
 
-def test_mlflow_records_the_run_right_before_the_swap(tmp_path: Path) -> None:
+def test_mlflow_records_the_run_right_before_the_swap(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Review of issue 39: the run is recorded (MLflow: FINISHED) only once its marker and
     the folder the old outputs move to are made, and with Ctrl-C held until the swap is
     done: a Ctrl-C while recording acts once the folder holds this run, which `held_by`
@@ -292,6 +296,8 @@ def test_mlflow_records_the_run_right_before_the_swap(tmp_path: Path) -> None:
     import signal
 
     from orchestrator.results.output_folder import held_by, replacing
+
+    monkeypatch.chdir(tmp_path)  # held_by names a folder relative to the working directory
 
     out, owner = _a_run_of_mine(tmp_path)
     before = tree(out)
@@ -323,7 +329,7 @@ def test_mlflow_records_the_run_right_before_the_swap(tmp_path: Path) -> None:
         assert seen["recorded"]
         assert json.loads((out / "report.json").read_text()) == {"new": 2}
         assert sorted(p.name for p in out.iterdir()) == [MARKER, "report.json"]
-        assert held_by(out, started).startswith(f"{out} holds this run's outputs, complete")
+        assert held_by(out, started).startswith("out holds this run's outputs, complete")
 
         # a folder the run created stays once it holds the run
         fresh = tmp_path / "fresh"
