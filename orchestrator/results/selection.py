@@ -6,8 +6,9 @@ Per target, among the variants that meet every budget:
    that is wider (an estimate's runtime overhead is calibrated on this host's runs), cannot
    tell variants apart;
 2. among those, the fastest measured on this host, where it is faster beyond the noise of
-   both measurements: the larger coefficient of variation of the two, at least
-   NOISE_FLOOR. Each file's fastest timed run is compared (its p50 where no run is
+   both measurements: the larger of the two's median run over its fastest, at least
+   NOISE_FLOOR (not the coefficient of variation: one preempted run among fifty pushes
+   that over 1). Each file's fastest timed run is compared (its p50 where no run is
    recorded): other processes only ever add time, so a loaded host, or a stage running
    beside the benchmark on a parallel runner, moves a p50 by far more than its own runs'
    spread says, and the fastest run hardly. Within the noise (or where a variant has no
@@ -49,20 +50,31 @@ def _estimate(variant: Mapping[str, Any], target: str) -> float:
     return float("inf") if est is None else float(est)
 
 
+def _noise(p50: Any, fastest: Any, cv: Any) -> float:
+    """The share by which timings are moved by noise: how far the median run sits above the
+    fastest (other processes only ever add time, and a single preempted run among fifty
+    cannot move it, where it pushes the coefficient of variation over 1); the cv where the
+    fastest run is not recorded."""
+    if isinstance(p50, int | float) and isinstance(fastest, int | float) and fastest > 0:
+        return max(0.0, float(p50) / float(fastest) - 1.0)
+    return float(cv or 0.0)
+
+
 def _latency_spread(variant: Mapping[str, Any], target: str) -> float:
     """The share of the latency a target reads that the noise of timings can move: a
-    board's p50, by the coefficient of variation of its runs; an estimate, by that of this
-    host's runs times the share of the estimate calibrated on them (its runtime overhead:
-    the compute term is FLOPs at the device's speed, no timing in it); 0.0 for FLOPs only."""
+    board's p50, by its runs' noise; an estimate, by that of this host's runs times the
+    share of the estimate calibrated on them (its runtime overhead: the compute term is
+    FLOPs at the device's speed, no timing in it); 0.0 for FLOPs only."""
     result = variant["targets"][target]
     if result.get("latency_basis", "estimated") != "estimated":
-        cv = ((result.get("measured") or {}).get("latency_ms") or {}).get("cv")
-        return float(cv or 0.0)
+        timings = (result.get("measured") or {}).get("latency_ms") or {}
+        return _noise(timings.get("p50"), timings.get("min"), timings.get("cv"))
     made = result.get("estimate") or {}
-    cv, overhead, compute = made.get("host_cv"), made.get("overhead_ms"), made.get("compute_ms")
-    if not cv or not overhead or compute is None or compute + overhead <= 0:
+    noise = _noise(made.get("host_p50_ms"), made.get("host_fastest_ms"), made.get("host_cv"))
+    overhead, compute = made.get("overhead_ms"), made.get("compute_ms")
+    if not noise or not overhead or compute is None or compute + overhead <= 0:
         return 0.0
-    return float(cv) * float(overhead) / (float(compute) + float(overhead))
+    return noise * float(overhead) / (float(compute) + float(overhead))
 
 
 def _tag(variant: Mapping[str, Any], target: str) -> str:
@@ -85,10 +97,11 @@ def _what(variant: Mapping[str, Any]) -> str:
 
 
 def host_noise(first: Mapping[str, Any], second: Mapping[str, Any]) -> float:
-    """The share within which two host timings are a tie: the larger cv of the two, at least
-    NOISE_FLOOR."""
-    cvs = [float((v.get("latency_ms") or {}).get("cv") or 0.0) for v in (first, second)]
-    return max(NOISE_FLOOR, *cvs)
+    """The share within which two host timings are a tie: the larger noise of the two (the
+    median run over the fastest), at least NOISE_FLOOR."""
+    noises = [_noise(t.get("p50"), t.get("min"), t.get("cv"))
+              for t in ((v.get("latency_ms") or {}) for v in (first, second))]
+    return max(NOISE_FLOOR, *noises)
 
 
 def _kind_rank(variant: Mapping[str, Any]) -> int:
