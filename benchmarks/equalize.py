@@ -1,6 +1,6 @@
 """Do bias correction and cross-layer equalization pay? Each with and without, on the
-digits CNN (examples/digits) and on the residual separable CNN (tests/e2e/models_separable.py,
-trained here, seeded, in a temporary folder).
+digits CNN (examples/digits) and on the residual separable CNN
+(benchmarks/testbed/models_separable.py, trained here, seeded, in a temporary folder).
 
 Chains, built from the stages without Prefect/MLflow (fp32 = freeze, strip, fold):
   w8    fp32 [+ equalize] + quantize_weights                          (weights-only 8-bit)
@@ -12,7 +12,7 @@ against fp32, and the mean |per-class mean error| (the shift bias correction tar
     .venv/bin/python benchmarks/equalize.py [--samples 200] [--quick]
 
 --quick: 50 calibration and 100 test samples. The separable CNN is the suite's, quick or
-not: its trained weights are committed (tests/e2e/model_builds.py), so building it loads
+not: its trained weights are committed (benchmarks/testbed/model_builds.py), so building it loads
 them, in less time than one epoch of training takes.
 """
 
@@ -112,8 +112,8 @@ def train_separable(folder: Path, seed: int | None) -> dict[str, float]:
     code = textwrap.dedent(f"""
         import json, sys
         from pathlib import Path
-        sys.path.insert(0, {str(ROOT / "tests" / "e2e")!r})
-        import models_separable
+        sys.path.insert(0, {str(ROOT / "benchmarks")!r})
+        from testbed import models_separable
         if {seed!r} is not None:
             models_separable.SEED = {seed!r}
         made = models_separable.make(Path({str(folder)!r}))

@@ -2,9 +2,9 @@
 Quantizer and its guard, on four models, in one run each.
 
 Models: the photo mini-Xception (separable convolutions, residual adds, batch norm, 7
-classes; tests/e2e/models_photo_xception.py), mtcnn's ONet (the package's own trained
+classes; benchmarks/testbed/models_photo_xception.py), mtcnn's ONet (the package's own trained
 weights; benchmarks/onet.py), the audio front-end model (a 40 dB filterbank, three sigmoid
-heads; tests/e2e/models_audio_frontend.py) and the digits CNN. Per model, one recipe:
+heads; benchmarks/testbed/models_audio_frontend.py) and the digits CNN. Per model, one recipe:
 
     fp32:          [freeze, strip, fold, benchmark, evaluate]
     stock_int8:    convert_tflite {mode: int8}          (the converter's full integer)
@@ -82,11 +82,11 @@ HEADS = "{min_sqnr_db: 20}"
 
 
 def _build_test_model(module: str, folder: Path) -> None:
-    """A tests/e2e model (committed weights: no training) in a fresh process."""
+    """A testbed model (committed weights: no training) in a fresh process."""
     if (folder / "model.keras").is_file():
         return
-    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'tests' / 'e2e')!r}); "
-            f"import model_builds; from pathlib import Path; "
+    code = (f"import sys; sys.path.insert(0, {str(HERE)!r}); "
+            f"from testbed import model_builds; from pathlib import Path; "
             f"model_builds.build({module!r}, Path({str(folder)!r}))")
     subprocess.run([sys.executable, "-c", code], env=quiet_env(), check=True)
 

@@ -1,7 +1,7 @@
 """Acceptance on a real-style model: a mini-Xception through the plain 8-bit pipeline.
 
-Builds (once, cached in --work) the mini-Xception of tests/e2e/models_xception.py trained on
-digits upscaled to 32x32, writes the recipe a user writes from the README:
+Builds (once, cached in --work) the mini-Xception of benchmarks/testbed/models_xception.py
+trained on digits upscaled to 32x32, writes the recipe a user writes from the README:
 
     fp32: [freeze, strip, fold, benchmark, evaluate]
     int8: {from: fp32, stages: [quantize_weights, {quantize_nodes: {guard: true}},
@@ -19,7 +19,7 @@ fp32's size and agrees with fp32 on at least 98% of the test images; FAIL is exi
 --quick: the guard held to two trials (`tune: {max_trials: 2}`), in its own --work (default
 .orchestrator/bench/mini_xception-quick); the table is printed, the acceptance not judged
 (exit 0 once the run finished). The model is the full one: the suite commits its trained
-weights (tests/e2e/model_builds.py), so building it loads them, which takes less than one
+weights (benchmarks/testbed/model_builds.py), so building it loads them, which takes less than one
 epoch of training would (10 s of CPU against 21, and a model that has learned something).
 """
 
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL_SCRIPT = ROOT / "tests" / "e2e" / "models_xception.py"
+BENCHMARKS = ROOT / "benchmarks"  # testbed/: the model, shared with the tests
 DEFAULT_WORK = ROOT / ".orchestrator" / "bench" / "mini_xception"
 QUICK_WORK = DEFAULT_WORK.with_name("mini_xception-quick")
 QUICK_TUNE = "tune: {max_trials: 2}\n"
@@ -93,10 +93,12 @@ def build_model(folder: Path, epochs: int | None = None, rebuild: bool = False
             and epochs in (None, json.loads(facts_file.read_text()).get("epochs"))):
         return json.loads(facts_file.read_text())
     started = time.perf_counter()
-    command = [sys.executable, str(MODEL_SCRIPT), str(folder)]
+    command = [sys.executable, "-m", "testbed.models_xception", str(folder)]
     if epochs is not None:
         command += ["--epochs", str(epochs)]
-    done = subprocess.run(command, env=quiet_env(),
+    env = {**quiet_env(), "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(BENCHMARKS), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(command, env=env,
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
         sys.exit(f"training the mini-Xception failed:\n{done.stderr[-3000:]}")

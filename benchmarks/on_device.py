@@ -35,7 +35,6 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(ROOT / "tests"))
 
 CONNECT = "qemu://aarch64?cpu=cortex-a76"
 DIGITS = ROOT / "examples" / "digits"
@@ -121,12 +120,12 @@ def fmt(value: Any, form: str = ".4f") -> str:
 def overhead(work: Path, model: Path, repeats: int) -> list[str]:
     """Wall time per measurement over SSH beyond the board's own time for the runs."""
     import numpy as np
-    from ssh_board import start_ssh_board
+    from testbed.ssh_board import start_ssh_board
 
-    from orchestrator.devices import emulated_board, measurement
-    from orchestrator.devices.session import BoardSession
-    from orchestrator.devices.transports import transport_for
-    from orchestrator.devices.urls import parse_device_url
+    from orchestrator.boards import emulated_board, measurement
+    from orchestrator.boards.session import BoardSession
+    from orchestrator.boards.transports import transport_for
+    from orchestrator.boards.urls import parse_device_url
     from orchestrator.model.files import open_model
 
     board = start_ssh_board(work / "sshd")

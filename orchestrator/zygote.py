@@ -35,6 +35,8 @@ import sys
 from collections.abc import Mapping
 from typing import IO, Any
 
+from orchestrator import helper_process
+
 SOCKET_ENV = "ORCHESTRATOR_ZYGOTE"
 # How long a request may wait for the zygote's answer (it forks at once when idle; a
 # busy machine's scheduler is the only delay)
@@ -154,6 +156,17 @@ def fork_module(module: str, env: Mapping[str, str], text: bool = True,
     else:
         stdin, stdout = os.fdopen(to_helper[1], "wb"), os.fdopen(from_helper[0], "rb")
     return ForkedProcess(connection, pid, stdin, stdout, module)
+
+
+def start_module(module: str, env: Mapping[str, str], stderr: int = 2
+                 ) -> ForkedProcess | subprocess.Popen[bytes]:
+    """`python -m MODULE` (one of HELPERS) as a run's helper, with pipes (bytes) to its
+    stdin and stdout: forked by the zygote where one answers (fork_module), else started
+    in a process group of its own (helper_process.start), `stderr` a file descriptor."""
+    forked = fork_module(module, env, text=False, stderr=stderr)
+    if forked is not None:
+        return forked
+    return helper_process.start([sys.executable, "-m", module], env=env, stderr=stderr)
 
 
 # --------------------------------------------------------------------------- the zygote

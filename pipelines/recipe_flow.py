@@ -92,13 +92,15 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
     out/<recipe name> under the recipe's project root; it is this recipe's folder, whose
     contents the run replaces whole (another recipe's only with `force`: output_folder)."""
     from orchestrator.engine.scheduler import run_plan
+    from orchestrator.guard.accuracy_guard import GUARD
     from orchestrator.results import output_folder
-    from orchestrator.results.report import build_report, write_outputs
+    from orchestrator.results.report import build_report
 
     run = RecipeRun.prepare(recipe, overrides or [], variants, output, force)
     with run.session(no_cache, retrain=retrain_task) as session:
         run.start_tracking(session)
-        done = run_plan(session.plan, session.data, run.worker(stage_task), run.notify)
+        done = run_plan(session.plan, session.data, run.worker(stage_task), run.notify,
+                        guard=GUARD)
         report = build_report(session.plan, session.data, done.outcomes, session.devices,
                               run.shown_variants, run.tracker.run_id, done.guarded)
         # whole, or not at all: written to a hidden folder, recorded in MLflow from there
@@ -107,8 +109,8 @@ def recipe_flow(recipe: str, overrides: list[str] | None = None,
         # it finished only when the folder holds it
         with output_folder.replacing(run.out_dir, run.owner,
                                      record=lambda built: run.record(report, built)) as built:
-            write_outputs(built, run.out_dir, session.plan, session.data, done.outcomes,
-                          report, picture_cache=run.picture_cache)
+            output_folder.write_outputs(built, run.out_dir, session.plan, session.data,
+                                        done.outcomes, report, picture_cache=run.picture_cache)
     return run.summary(report, run.registry)
 
 

@@ -304,7 +304,7 @@ def _scratch_folder(store_root: Path | str, parallel: bool) -> str | None:
 
 def _remove_scratch(ref: RunRef | None) -> None:
     if ref is not None and ref.scratch is not None:
-        from orchestrator.cache.store import open_store
+        from orchestrator.cache.project import open_store
 
         open_store(ref.scratch).remove_all()  # a folder, or the bucket's objects and mirror
 

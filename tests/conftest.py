@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import prefect_session_server
 import pytest
-from project_env import new_mlflow_database
+from support import prefect_session_server
+from support.project_env import new_mlflow_database
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ROOT / "examples" / "digits"
@@ -320,7 +320,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # Test files that share one expensive thing a worker starts for them: xdist hands each
 # group to one worker as one unit (else each worker running one of them would start its own)
 SAME_WORKER = {
-    # tests/servers.py's stack: PostgreSQL, S3, Prefect and MLflow servers
+    # tests/support/servers.py's stack: PostgreSQL, S3, Prefect and MLflow servers
     "tests/robustness/test_server_faults.py": "scale-out stack",
     "tests/e2e/test_scale_out.py": "scale-out stack",
 }
@@ -346,7 +346,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     the end of the session: idle, its servers would keep taking CPU the other tests need."""
     if "stack" in item.fixturenames and (nextitem is None
                                          or "stack" not in nextitem.fixturenames):
-        import servers
+        from support import servers
 
         servers.stop_shared_stack()
 
@@ -355,7 +355,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 def emulated_board() -> Path:
     """The emulated aarch64 board (`make test` builds it: tests/device_setup.sh), or a skip
     that says exactly what is missing."""
-    from orchestrator.devices import emulated_board as board
+    from orchestrator.boards import emulated_board as board
 
     why = board.missing_setup()
     if why is not None:

@@ -1,6 +1,7 @@
 """docs/architecture.md names every module of the tree, and only modules that exist; the
 import-layer contract in pyproject.toml covers every subpackage; the other docs name no
-module that is gone. Reads files only: no import of the package, no TensorFlow."""
+module that is gone; the modules of orchestrator/ import one another in no cycle, even lazily. Reads
+files only: no import of the package, no TensorFlow."""
 
 from __future__ import annotations
 
@@ -177,3 +178,104 @@ def test_docs_name_only_modules_that_exist() -> None:
             if (run or parts[1] in subpackages) and not _resolves(dotted):
                 gone.append(f"{page.relative_to(ROOT)}: {dotted}")
     assert not gone, f"docs name modules that do not exist: {sorted(gone)}"
+
+
+def _import_graph(root: Path = ROOT, package: str = "orchestrator") -> dict[str, set[str]]:
+    """Module -> the modules of `package` it imports, anywhere in its file (inside
+    functions too); `from x import y` imports the module x.y where there is one, else x."""
+    def name_of(path: Path) -> str:
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    files = {name_of(path): path for path in sorted((root / package).rglob("*.py"))
+             if "__pycache__" not in path.parts}
+    graph: dict[str, set[str]] = {name: set() for name in files}
+    for name, path in files.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the module's own package upwards
+                    package_parts = name.split(".")[:None if path.name == "__init__.py" else -1]
+                    anchor = package_parts[:len(package_parts) - node.level + 1]
+                    base = ".".join(anchor + ([base] if base else []))
+                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in files else base
+                           for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                while target and target not in files:  # `import a.b.c` where c is a name
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One shortest cycle per strongly connected component of two or more modules."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    components: list[set[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = {stack.pop()}
+            while node not in component:
+                component.add(stack.pop())
+            if len(component) > 1:
+                components.append(component)
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    cycles = []
+    for component in components:  # breadth-first from its first module back to it
+        start = min(component)
+        paths, frontier, found = {start: [start]}, [start], None
+        while frontier and found is None:
+            following = []
+            for node in frontier:
+                for nxt in sorted(graph[node] & component):
+                    if nxt == start and found is None:
+                        found = [*paths[node], start]
+                    elif nxt not in paths:
+                        paths[nxt] = [*paths[node], nxt]
+                        following.append(nxt)
+            frontier = following
+        cycles.append(found or sorted(component))
+    return sorted(cycles)
+
+
+def test_no_import_cycle_between_modules() -> None:
+    """Imports between the modules of orchestrator/ go one way, lazy ones inside functions
+    included: what two modules share lives below both."""
+    cycles = _cycles(_import_graph())
+    assert not cycles, "import cycles in orchestrator/: " + "; ".join(
+        " -> ".join(cycle) for cycle in cycles)
+
+
+def test_the_cycle_check_finds_a_cycle(tmp_path: Path) -> None:
+    """A lazy import back up, inside a function, is a cycle; one way is none."""
+    package = tmp_path / "orchestrator" / "cache"
+    package.mkdir(parents=True)
+    for folder in (tmp_path / "orchestrator", package):
+        (folder / "__init__.py").write_text("")
+    (package / "store.py").write_text(
+        "def open_store():\n    from orchestrator.cache.object_store import ObjectStore\n")
+    (package / "object_store.py").write_text("from orchestrator.cache import store\n")
+    (package / "project.py").write_text("from .store import open_store\n")
+    assert _cycles(_import_graph(tmp_path)) == [
+        ["orchestrator.cache.object_store", "orchestrator.cache.store",
+         "orchestrator.cache.object_store"]]
+    (package / "store.py").write_text("")
+    assert _cycles(_import_graph(tmp_path)) == []

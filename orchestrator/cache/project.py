@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from orchestrator.cache.store import Store
 
 STORE_ENV = "ORCHESTRATOR_HOME"
 STORE_FOLDER = ".orchestrator"
@@ -31,12 +35,26 @@ def project_root(start: Path | str | None = None) -> Path:
 def store_dir(root: Path) -> Path | str:
     """The store: ORCHESTRATOR_HOME, a local folder (absolute Path) or an fsspec URL (str,
     e.g. s3://bucket/prefix, as given); else `.orchestrator` under the project root.
-    `store.open_store` opens either."""
+    `open_store` opens either."""
     from orchestrator.paths import store_url
 
     home = os.environ.get(STORE_ENV)
     url = store_url(home) if home else None
     return url if url is not None else Path(os.path.abspath(home or root / STORE_FOLDER))
+
+
+def open_store(location: str | os.PathLike[str]) -> Store:
+    """The store at `location`: a local folder (`store.Store`), or an fsspec URL such as
+    s3://bucket/prefix (`object_store.ObjectStore`, same interface, imported only then)."""
+    from orchestrator.cache.store import Store
+    from orchestrator.paths import store_url
+
+    url = store_url(os.fspath(location))
+    if url is None:
+        return Store(Path(location))
+    from orchestrator.cache.object_store import ObjectStore
+
+    return ObjectStore(url)
 
 
 def local_home(root: Path) -> Path:
@@ -93,8 +111,6 @@ def check_folders(out_dir: Path, store_root: Path | str, root: Path) -> None:
     if isinstance(store_root, Path):
         folders.append((store_root, f"the store ({STORE_ENV})"))
     else:
-        from orchestrator.cache.store import open_store
-
         store = open_store(store_root)
         problem = store.check_writable()
         if problem:

@@ -6,8 +6,9 @@ its result (metrics, info, warnings), and any files the stage produced. Entries 
 into a temporary folder and renamed into place, so a failed or killed run never leaves a
 partial entry, and a present entry is always complete.
 
-`open_store` opens a store by its location: a local folder here, or an fsspec URL
-(ORCHESTRATOR_HOME=s3://bucket/prefix), whose store lives in orchestrator/cache/object_store.py.
+The same store on an fsspec URL (ORCHESTRATOR_HOME=s3://bucket/prefix) lives in
+orchestrator/cache/object_store.py, which builds on this one; `project.open_store` opens
+either by its location.
 """
 
 from __future__ import annotations
@@ -89,19 +90,6 @@ def entry_payload(result: StoredResult, artifact: ModelArtifact | None,
     result.files = sorted(files)
     payload[RESULT_FILE] = json.dumps(result.__dict__, indent=2, default=float).encode("utf-8")
     return payload
-
-
-def open_store(location: str | os.PathLike[str]) -> Store:
-    """The store at `location`: a local folder (`Store`), or an fsspec URL such as
-    s3://bucket/prefix (`ObjectStore`, same interface, imported only then)."""
-    from orchestrator.paths import store_url
-
-    url = store_url(os.fspath(location))
-    if url is None:
-        return Store(Path(location))
-    from orchestrator.cache.object_store import ObjectStore
-
-    return ObjectStore(url)
 
 
 class Store:

@@ -336,8 +336,8 @@ def reach_board(url: Any) -> None:
     `device check` and `run` give for the same board, naming the fix."""
     import shlex
 
-    from orchestrator.devices.errors import DeviceLost, DeviceUnreachable
-    from orchestrator.devices.session import drop_session, shared_session
+    from orchestrator.boards.errors import DeviceLost, DeviceUnreachable
+    from orchestrator.boards.session import drop_session, shared_session
 
     try:
         shared_session(url, url.text).describe()
@@ -351,14 +351,14 @@ def benchmark_on_board(args: argparse.Namespace, opened: OpenedModel,
                        artifact: ModelArtifact, values: Mapping[str, Any]) -> int:
     """`--on URL`: the measure_on_device stage on the file, on that board, fed random
     inputs; its outputs there compared with this host's for the same file."""
-    from orchestrator.devices.urls import DeviceURLError, parse_device_url
+    from orchestrator.boards.urls import DeviceURLError, parse_device_url
     from orchestrator.stages import StageContext, get_stage
 
     try:
         url = parse_device_url(args.on)
     except DeviceURLError as exc:
         raise UsageError(f"--on: {exc}") from None
-    from orchestrator.devices.session import close_sessions
+    from orchestrator.boards.session import close_sessions
 
     stage = get_stage("measure_on_device")
     known = {k: v for k, v in values.items() if k in ("runs", "warmup", "threads")}

@@ -4,7 +4,7 @@
 whether it can measure; it takes a device URL, or a target's name with `--recipe`.
 `--accept-host-key` records an SSH board's unknown host key once (OpenSSH's accept-new):
 never silently. `prepare` makes a board ready without internet on the board (see
-orchestrator/devices/prepare.py), or builds the emulated board for `qemu://aarch64`.
+orchestrator/boards/prepare.py), or builds the emulated board for `qemu://aarch64`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from orchestrator.errors import OrchestratorError, UsageError
 
 
 def _url_of(value: str, recipe: str | None) -> Any:
-    from orchestrator.devices.urls import DeviceURLError, parse_device_url
+    from orchestrator.boards.urls import DeviceURLError, parse_device_url
 
     if "://" not in value:
         if recipe is None:
@@ -53,8 +53,8 @@ def board_lines(board: dict[str, Any]) -> list[str]:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from orchestrator.devices.measurement import prepare_command, runtimes_needed
-    from orchestrator.devices.prepare import describe_board
+    from orchestrator.boards.measurement import prepare_command, runtimes_needed
+    from orchestrator.boards.prepare import describe_board
 
     try:
         url = _url_of(args.target, args.recipe)
@@ -83,7 +83,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from orchestrator.devices.prepare import DEFAULT_RUNTIMES, prepare
+    from orchestrator.boards.prepare import DEFAULT_RUNTIMES, prepare
 
     try:
         url = _url_of(args.url, None)

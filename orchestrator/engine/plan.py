@@ -23,8 +23,6 @@ if TYPE_CHECKING:
     from orchestrator.model.keys import ModelKey
 
 SOURCE_STAGE = "load"
-# Stages that turn float weights or ops into eight bits: their input is the float model.
-EIGHT_BIT_STAGES = frozenset({"quantize_weights", "quantize_nodes"})
 
 
 @dataclass(frozen=True)
@@ -251,7 +249,7 @@ def chain_nodes(pipeline: str, stages: list[tuple[str, BaseModel]], model_key: s
         key = digest(model_key, stage_name, in_key, code_version(), data)
         output_key = key if stage.kind == "transform" else model_key
         suffix = "" if trial is None else f"~trial{trial}"
-        if float_model_key is None and stage_name in EIGHT_BIT_STAGES:
+        if float_model_key is None and stage.eight_bit:  # its input is the float model
             float_model_key = model_key
         node = Node(id=f"{pipeline}/{index}:{stage_name}{suffix}", pipeline=pipeline,
                     index=index, stage=stage_name, params=params, kind=stage.kind, key=key,

@@ -13,7 +13,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.cache.store import Store, StoredResult, open_store
+from orchestrator.cache.project import open_store
+from orchestrator.cache.store import Store, StoredResult
 from orchestrator.engine.node_run import RunData
 from orchestrator.engine.plan import Plan, build_plan
 from orchestrator.errors import DataError, ModelSourceError, RecipeError
@@ -139,14 +140,15 @@ def preflight_devices(loaded: LoadedRecipe, plan: Plan, store: Store | None) -> 
     """Every board a measurement still to run needs is reachable and has the runtimes the
     recipe's files need (exit 2 at the target's `connect:`, naming the fix), before any
     stage runs. Boards whose measurements are all cached are not contacted."""
-    from orchestrator.devices.errors import DeviceLost, DeviceUnreachable
-    from orchestrator.devices.measurement import prepare_command, runtimes_needed
-    from orchestrator.devices.session import drop_session, shared_session
-    from orchestrator.devices.urls import parse_device_url
+    from orchestrator.boards.errors import DeviceLost, DeviceUnreachable
+    from orchestrator.boards.measurement import prepare_command, runtimes_needed
+    from orchestrator.boards.session import drop_session, shared_session
+    from orchestrator.boards.urls import parse_device_url
     from orchestrator.engine.node_run import pending_nodes
-    from orchestrator.recipe.defaults import DEVICE_STAGE, shipped_kinds
+    from orchestrator.recipe.defaults import shipped_kinds
+    from orchestrator.stages import get_stage
 
-    pending = [n for n in pending_nodes(plan, store) if n.stage == DEVICE_STAGE]
+    pending = [n for n in pending_nodes(plan, store) if get_stage(n.stage).per_board]
     kinds = shipped_kinds(loaded.recipe, loaded.stages)
     targets = {t.name: i for i, t in enumerate(loaded.recipe.targets)}
     checked: set[str] = set()

@@ -13,7 +13,9 @@ or, for the first node of a `from:` pipeline, its parent's last transform (the p
 measuring stages are no one's input). A node with the same cache key as one submitted
 before waits for that one, and then finds its result in the store. A guarded pipeline's
 `from:` children are planned only once its guard has chosen its final model (Plan.replan).
-The guard's trials run through the same worker, one after another.
+The guard's trials run through the same worker, one after another. The guard is the
+caller's (orchestrator/guard/: quantization policy, not scheduling): this module only runs
+the trials it asks for.
 
 Nothing here knows Prefect or Dask: a parallel worker's `submit(node)` returns a future
 with `add_done_callback(fn)` and `result()`, and only node ids and small outcomes pass
@@ -25,15 +27,31 @@ from __future__ import annotations
 import queue
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from orchestrator.engine.guard import GuardResult, apply_guard, guarded_pipelines
 from orchestrator.engine.node_run import NodeOutcome, RunData
 from orchestrator.engine.plan import Node, Plan
 
 # notify(method, *args): the run's observers (progress display, tracking): on_node_start,
 # on_node_end, on_node_error, on_guard_trial, on_guard_end(pipeline, GuardResult)
 Notify = Callable[..., None]
+
+
+class GuardedPipeline(Protocol):
+    """What a guard hands back for a pipeline: the nodes it chose and their outcomes."""
+
+    nodes: list[Node]
+    outcomes: dict[str, NodeOutcome]
+
+
+class Guard(Protocol):
+    """A search over a pipeline's variants run after its nodes (the accuracy guard)."""
+
+    def pipelines(self, plan: Plan) -> list[str]: ...
+
+    def apply(self, name: str, plan: Plan, data: RunData, outcomes: dict[str, NodeOutcome],
+              submit: Callable[[Node], NodeOutcome],
+              on_trial: Callable[..., Any] | None = None) -> GuardedPipeline | None: ...
 
 
 def _unchanged(_node: Node, error: BaseException) -> BaseException:
@@ -62,19 +80,21 @@ class PlanResult:
     chosen trial in place of its first run), and the guard's result per guarded pipeline."""
 
     outcomes: dict[str, NodeOutcome]
-    guarded: dict[str, GuardResult] = field(default_factory=dict)
+    guarded: dict[str, Any] = field(default_factory=dict)  # pipeline -> what the guard gave
 
 
-def run_plan(plan: Plan, data: RunData, worker: Worker, notify: Notify) -> PlanResult:
-    """Run every pipeline of `plan` and its guard. The first stage to fail raises its
+def run_plan(plan: Plan, data: RunData, worker: Worker, notify: Notify, *,
+             guard: Guard | None) -> PlanResult:
+    """Run every pipeline of `plan` and, with `guard`, its guard (None: no pipeline is
+    guarded). The first stage to fail raises its
     error (after on_node_error), once the stages already handed to parallel workers have
     ended: when the run reports, nothing of it still runs or writes to the store (on a
     scheduler of the user's own, they would go on after the run's exit; the stages that
     wait for the failed one end at once). An interrupt (Ctrl-C) does not wait."""
-    from orchestrator.devices.session import close_sessions
+    from orchestrator.boards.session import close_sessions
 
     try:
-        return _Run(plan, data, worker, notify).run()
+        return _Run(plan, data, worker, notify, guard).run()
     finally:  # the boards' connections end with the run (a long-lived worker holds none)
         close_sessions()
 
@@ -98,9 +118,11 @@ class _Finished:
 
 
 class _Run:
-    def __init__(self, plan: Plan, data: RunData, worker: Worker, notify: Notify) -> None:
+    def __init__(self, plan: Plan, data: RunData, worker: Worker, notify: Notify,
+                 guard: Guard | None) -> None:
         self.plan, self.data, self.worker, self.notify = plan, data, worker, notify
-        self.guarded = set(guarded_pipelines(plan))
+        self.guard = guard
+        self.guarded = set(guard.pipelines(plan)) if guard is not None else set()
         self.futures: dict[str, Any] = {}  # node id -> future
         self.queued: list[tuple[Node, list[str]]] = []  # local: (node, its dependencies)
         self.first_with_key: dict[str, str] = {}  # cache key -> first node id submitted
@@ -112,7 +134,7 @@ class _Run:
         self.done: queue.SimpleQueue[Node] = queue.SimpleQueue()
         self.outcomes: dict[str, NodeOutcome] = {}
         self.order: dict[str, list[str]] = {}  # pipeline -> its outcome ids, sequential order
-        self.results: dict[str, GuardResult] = {}
+        self.results: dict[str, GuardedPipeline] = {}
         self.submitted: set[str] = set()
         self.settled: set[str] = set()
 
@@ -248,8 +270,9 @@ class _Run:
     def pipeline_finished(self, name: str) -> None:
         """Its guard (trials run one after another, while the other pipelines go on where
         the worker is parallel), then the children it held back."""
-        guarded = apply_guard(name, self.plan, self.data, self.outcomes, self.run_now,
-                              on_trial=lambda *trial: self.notify("on_guard_trial", *trial))
+        guarded = None if self.guard is None else self.guard.apply(
+            name, self.plan, self.data, self.outcomes, self.run_now,
+            on_trial=lambda *trial: self.notify("on_guard_trial", *trial))
         if guarded is not None:
             self.notify("on_guard_end", name, guarded)
             self.plan.pipelines[name] = guarded.nodes

@@ -50,7 +50,7 @@ def run(plan: Plan | None, store_root: Path | str, use_cache: bool, prepare: boo
     needed next anyway). `prepare=False`: the stages run in other processes (Dask workers),
     each of which calls the hooks itself; a load probe started here would import TensorFlow
     for nothing."""
-    from orchestrator.cache.store import open_store
+    from orchestrator.cache.project import open_store
     from orchestrator.engine.node_run import pending, prepare_stages
     from orchestrator.errors import OrchestratorError
     from orchestrator.model.tf_adapter import import_tensorflow

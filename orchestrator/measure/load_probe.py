@@ -26,7 +26,6 @@ import json
 import os
 import selectors
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -35,6 +34,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from orchestrator import helper_process
 
 MB = 1024 * 1024
 # how long the zygote's TensorFlow import, then one measurement (a large model on a busy
@@ -216,29 +217,39 @@ def _answer_connection(listener: socket.socket) -> None:
     went away (a worker killed mid-measurement) costs its own answer only."""
     connection, _ = listener.accept()
     with connection:
+        channel = helper_process.Channel(connection, connection)
         try:
-            connection.settimeout(MEASURE_TIMEOUT_S)
-            line = connection.makefile("rb").readline()
+            line = channel.read_line(helper_process.deadline_in(MEASURE_TIMEOUT_S))
             if line.strip():
                 answer = _forked_probe(json.loads(line))
-                connection.sendall((json.dumps(answer) + "\n").encode())
-        except (OSError, ValueError):
+                channel.write((json.dumps(answer) + "\n").encode(),
+                              helper_process.deadline_in(MEASURE_TIMEOUT_S))
+        except (helper_process.HelperError, OSError, ValueError):
             pass
 
 
 def _shared_request(path: str, spec: dict[str, Any]) -> dict[str, Any] | None:
     """`spec` measured by the zygote listening at `path`; None when none listens there."""
+    waited = READY_TIMEOUT_S + MEASURE_TIMEOUT_S  # its import, others first
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
-        client.settimeout(READY_TIMEOUT_S + MEASURE_TIMEOUT_S)  # its import, others first
+        client.settimeout(waited)
         try:
             client.connect(path)
         except OSError:
             return None
+        channel = helper_process.Channel(client, client)
+        deadline = helper_process.deadline_in(waited)
         try:
-            client.sendall((json.dumps(spec) + "\n").encode())
-            line = client.makefile("rb").readline()
-        except OSError as exc:
-            raise ProbeError(f"the run's load probe process at {path} failed: {exc}") from exc
+            channel.write((json.dumps(spec) + "\n").encode(), deadline)
+            line = channel.read_line(deadline)
+        except helper_process.HelperEnded as exc:
+            if exc.why != "it ended":
+                raise ProbeError(f"the run's load probe process at {path} failed: "
+                                 f"{exc.__cause__}") from exc
+            line = b""
+        except helper_process.HelperTimeout as exc:
+            raise ProbeError(f"the run's load probe process at {path} failed: no answer "
+                             f"in {waited:.0f} s") from exc
     if not line.strip():
         raise ProbeError(f"the run's load probe process at {path} gave no answer")
     return dict(json.loads(line))
@@ -256,8 +267,8 @@ class _Zygote:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._process: subprocess.Popen[bytes] | None = None
+        self._helper: helper_process.Helper | None = None
         self._log: Any = None
-        self._pending = b""
         self._ready = False
         self._socket_dir: str | None = None
 
@@ -275,57 +286,52 @@ class _Zygote:
     def _start(self) -> None:
         if self._process is not None and self._process.poll() is None:
             return
-        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-        package_root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH"))
-                                            if p)
+        env = helper_process.module_env({**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
         self._log = tempfile.TemporaryFile()
         self._remove_socket()
         # a folder only this user reads: a model's key may cross the socket
         self._socket_dir = tempfile.mkdtemp(prefix="orchestrator-probe-")
         socket_path = os.path.join(self._socket_dir, "probe.sock")
-        self._process = subprocess.Popen(
+        self._process = helper_process.start(
             [sys.executable, "-m", "orchestrator.measure.load_probe", "--zygote", socket_path],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env,
-            start_new_session=True)  # a Ctrl-C at the terminal is for the run to handle
-        self._pending, self._ready = b"", False
+            env=env, stderr=self._log,
+            new_session=True)  # a Ctrl-C at the terminal is for the run to handle
+        self._helper = helper_process.Helper(self._process)
+        self._ready = False
 
     def request(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """The spec's answer; a zygote that gives none in time, ends, or is cut short (a
+        Ctrl-C) is killed, and the next request starts a new one."""
         with self._lock:
             self._start()
-            assert self._process is not None and self._process.stdin is not None
-            if not self._ready:  # {"ready": true}: TensorFlow is imported
-                self._read_line(READY_TIMEOUT_S)
-                self._ready = True
-            try:
-                self._process.stdin.write((json.dumps(spec) + "\n").encode())
-                self._process.stdin.flush()
-            except OSError as exc:
-                raise self._failed(f"could not reach it ({exc})") from exc
-            answer = self._read_line(MEASURE_TIMEOUT_S)
+            assert self._helper is not None
+            with self._helper.exchange():
+                if not self._ready:  # {"ready": true}: TensorFlow is imported
+                    self._read_line(READY_TIMEOUT_S)
+                    self._ready = True
+                try:
+                    self._helper.write((json.dumps(spec) + "\n").encode())
+                except helper_process.HelperError as exc:
+                    raise self._failed(f"could not reach it ({exc.__cause__})") from exc
+                answer = self._read_line(MEASURE_TIMEOUT_S)
         if "error" in answer:
             raise ProbeError(f"the load probe failed: {answer['error']}")
         return answer
 
     def _read_line(self, timeout_s: float) -> dict[str, Any]:
-        assert self._process is not None and self._process.stdout is not None
-        stream = self._process.stdout
-        deadline = time.monotonic() + timeout_s
-        with selectors.DefaultSelector() as selector:
-            selector.register(stream, selectors.EVENT_READ)
-            while b"\n" not in self._pending:
-                left = deadline - time.monotonic()
-                if left <= 0 or not selector.select(left):
-                    raise self._failed(f"no answer in {timeout_s:.0f} s")
-                chunk = os.read(stream.fileno(), 65536)
-                if not chunk:
-                    raise self._failed("it ended")
-                self._pending += chunk
-        line, _, self._pending = self._pending.partition(b"\n")
+        assert self._helper is not None
+        try:
+            line = self._helper.read_line(helper_process.deadline_in(timeout_s))
+        except helper_process.HelperTimeout:
+            raise self._failed(f"no answer in {timeout_s:.0f} s") from None
+        except helper_process.HelperEnded:
+            raise self._failed("it ended") from None
         return dict(json.loads(line))
 
     def _failed(self, why: str) -> ProbeError:
-        """Stop the zygote (the next request starts a new one); the error says why."""
+        """Kill the zygote (the next request starts a new one); the error says why."""
+        if self._process is not None:
+            helper_process.kill(self._process)
         tail = ""
         if self._log is not None:
             self._log.seek(0)
@@ -340,27 +346,15 @@ class _Zygote:
             self.stop_locked()
 
     def stop_locked(self) -> None:
+        """Its input ends (its loop ends there), 5 s for that, then killed. Still importing
+        TensorFlow (it reads no input until then), nothing asked of it yet: killed at once
+        (an exit right after a Ctrl-C waited 5 s)."""
         process = self._process
         try:
-            if process is not None and not self._ready and process.poll() is None:
-                # still importing TensorFlow (it reads no input until then), nothing asked
-                # of it yet: nothing to wait for (an exit right after a Ctrl-C waited 5 s)
-                _kill_group(process)
             if process is not None:
-                if process.stdin is not None:
-                    process.stdin.close()  # the zygote's loop ends at end of input
-                try:
-                    process.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    _kill_group(process)
-                    process.wait()
-                except BaseException:  # a Ctrl-C while waiting: it must not outlive us
-                    _kill_group(process)
-                    raise
+                helper_process.stop(process, 5 if self._ready else None)
         finally:
-            self._process = None
-            if process is not None and process.stdout is not None:
-                process.stdout.close()
+            self._process = self._helper = None
             if self._log is not None:
                 self._log.close()
                 self._log = None
@@ -371,21 +365,13 @@ class _Zygote:
         Ctrl-C): the zygote and the children it forked, and its socket's folder."""
         process = self._process
         if process is not None:
-            _kill_group(process)
+            helper_process.kill(process, reap_timeout=0)
         self._remove_socket()
 
     def _remove_socket(self) -> None:
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
             self._socket_dir = None
-
-
-def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    """SIGKILL to the zygote's process group (a session of its own: it and its children)."""
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 _ZYGOTE = _Zygote()

@@ -7,7 +7,7 @@ Requantize`. TF's QuantizedBiasAdd (the x86 Eigen path) moves both operands into
 arithmetic: its zero offset, near 2^31, is only representable to about 128 units, which is
 one 8-bit step of the input, per operand. So the op adds a constant offset of up to about 4
 steps to every value of a layer, set by the input range to the last bit (measured: 13 % of
-random ranges are off by more than half a step; tests/test_integer_bias.py). Ranges are
+random ranges are off by more than half a step; tests/quant/test_integer_bias.py). Ranges are
 logged anew for every candidate graph, so which layers are off changes from one candidate
 to the next: that made the accuracy guard's trials look random.
 

@@ -329,14 +329,14 @@ def _trimmer(fixed: int | None, count: int):  # noqa: ANN202
 # --- reading the rows (no TensorFlow: the console and reports use these) ------------------
 
 def worst_first(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows by rmse_over_scale, highest first (unknown values last)."""
-    return sorted(rows, key=lambda r: (r["rmse_over_scale"] is None,
-                                       -(r["rmse_over_scale"] or 0.0)))
+    """Rows by rmse_over_scale, highest first (unknown or unmeasured values last)."""
+    return sorted(rows, key=lambda r: (r.get("rmse_over_scale") is None,
+                                       -(r.get("rmse_over_scale") or 0.0)))
 
 
 def flagged(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows above FLAG_ABOVE, worst first."""
-    return [r for r in worst_first(rows) if (r["rmse_over_scale"] or 0.0) > FLAG_ABOVE]
+    return [r for r in worst_first(rows) if (r.get("rmse_over_scale") or 0.0) > FLAG_ABOVE]
 
 
 def summary_metrics(rows: Sequence[dict[str, Any]]) -> dict[str, float]:

@@ -42,6 +42,11 @@ SCHEME_DOCS = {
     "float": "not quantized",
 }
 STATIC = ("static_wi8_ai8", "static_wi8_ai16")
+# The schemes the accuracy guard moves a layer to, and the whole-model fallback.
+WIDE_SCHEME, FLOAT_SCHEME, DYNAMIC_SCHEME = "static_wi8_ai16", "float", "dynamic_wi8_afp32"
+# The whole-model fallback on the LiteRT path, whichever stage made the int8 file: the
+# guard's `Fallback` (orchestrator.quant.knobs) for convert_tflite and quantize_tflite.
+DYNAMIC_RANGE_WORDS = "LiteRT dynamic range (int8 weights, float activations)"
 FLOAT32, INT16 = 0, 7  # schema TensorType
 
 

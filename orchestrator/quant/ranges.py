@@ -34,6 +34,9 @@ QUANTIZABLE_OPS: tuple[str, ...] = (
 # The quantizable ops that carry weights: usually the most harmful in 8 bits.
 WEIGHT_OPS: tuple[str, ...] = ("MatMul", "Conv2D", "Conv2DBackpropInput")
 
+# The guard's whole-stage knob for range percentiles: the quantizer declares it, the stage
+# that freezes ranges reads it (orchestrator.quant.knobs).
+PERCENTILE_KNOB = "percentile"
 LOG_MESSAGE = "__requant_min_max:"
 PRINT_SUFFIX = "__print__"
 # The classic logging transform (SPEC section 5); first_n=0 keeps the Print ops silent,

@@ -228,7 +228,7 @@ def check_connections(recipe: Recipe, stages: Mapping[str, list[tuple[str, BaseM
     and does not contradict its stages. Of the recipe's `parts` that validated (all by
     default): the pipelines' checks run with or without the targets, those naming a target
     only where the targets validated (else which have a board is not known)."""
-    from orchestrator.devices.urls import DeviceURLError, parse_device_url
+    from orchestrator.boards.urls import DeviceURLError, parse_device_url
 
     errors: list[RecipeError] = []
     targets_known = parts is None or "targets" in parts

@@ -1,6 +1,8 @@
-"""Stages a recipe gets by default, without listing them: an 8-bit lineage (one with
-quantize_nodes) ships compact node names, so `compact_names` goes after its last graphdef
-transform unless the lineage lists it or keeps its names (`keep_names`).
+"""Stages a recipe gets by default, without listing them: an 8-bit lineage (one with a
+stage that `ships_compact_names`) ships compact node names, so the stage that
+`compacts_names` goes after its last graphdef transform unless the lineage lists it or
+keeps its names (`keep_names`); and a target's board (`connect:`) measures every pipeline
+with the `per_board` stage. Which stages those are is a field of their `Stage` record.
 """
 
 from __future__ import annotations
@@ -11,20 +13,30 @@ from pydantic import BaseModel
 
 from orchestrator.recipe.checks import lineage
 from orchestrator.spec.models import Recipe
+from orchestrator.stages import Stage, all_stages, get_stage
 
-# Added after the last graphdef transform of an 8-bit lineage: the shipped file's names.
-DEFAULT_COMPACTION = "compact_names"
-# Added at the end of every pipeline, once per target with `connect:`.
-DEVICE_STAGE = "measure_on_device"
-# What makes a lineage one that ships compact names by default.
-COMPACTED_AFTER = "quantize_nodes"
+
+def _the_stage(role: str) -> Stage:
+    """The one registered stage whose record sets the flag `role`."""
+    found = [stage for stage in all_stages() if getattr(stage, role)]
+    if len(found) != 1:
+        raise RuntimeError(f"exactly one stage must set {role}, found {len(found)}")
+    return found[0]
+
+
+def compaction_stage() -> Stage:
+    """Added after the last graphdef transform of an 8-bit lineage: the shipped names."""
+    return _the_stage("compacts_names")
+
+
+def board_stage() -> Stage:
+    """Added at the end of every pipeline, once per target with `connect:`."""
+    return _the_stage("per_board")
 
 
 def _compaction_point(entries: list[tuple[str, BaseModel]], kind: str) -> int | None:
     """The index just after the last stage of `entries` that turns a graphdef into a
     graphdef (`kind` is what the pipeline starts from), or None if there is none."""
-    from orchestrator.stages import get_stage
-
     point = None
     for index, (name, _) in enumerate(entries):
         stage = get_stage(name)
@@ -38,8 +50,6 @@ def _compaction_point(entries: list[tuple[str, BaseModel]], kind: str) -> int | 
 def _start_kinds(recipe: Recipe, stages: Mapping[str, list[tuple[str, BaseModel]]]
                  ) -> dict[str, str]:
     """The artifact kind each pipeline starts from (the source is a graphdef)."""
-    from orchestrator.stages import get_stage
-
     starts: dict[str, str] = {}
     ends: dict[str, str] = {}
     for name in recipe.pipelines:
@@ -58,8 +68,6 @@ def shipped_kinds(recipe: Recipe, stages: Mapping[str, list[tuple[str, BaseModel
                   ) -> dict[str, tuple[str, bool]]:
     """Per pipeline, the kind of the file it ships and whether it is encrypted (then the
     kind inside): what a board needs to run it."""
-    from orchestrator.stages import get_stage
-
     starts = _start_kinds(recipe, stages)
     shipped: dict[str, tuple[str, bool]] = {}
     for name in recipe.pipelines:
@@ -99,8 +107,8 @@ def default_compactions(recipe: Recipe, stages: Mapping[str, list[tuple[str, Bas
         chain = lineage(recipe.pipelines, name)
         listed = [s for p in chain for s, _ in stages[p]]
         point = points[name]
-        if point is None or COMPACTED_AFTER not in listed or DEFAULT_COMPACTION in listed \
-                or keeps_names(recipe, name):
+        if point is None or not any(get_stage(s).ships_compact_names for s in listed) \
+                or any(get_stage(s).compacts_names for s in listed) or keeps_names(recipe, name):
             continue
         if any(points[other] is not None and name in lineage(recipe.pipelines, other)[:-1]
                for other in recipe.pipelines):
@@ -111,13 +119,12 @@ def default_compactions(recipe: Recipe, stages: Mapping[str, list[tuple[str, Bas
 
 def add_default_stages(recipe: Recipe, stages: dict[str, list[tuple[str, BaseModel]]]
                        ) -> dict[str, list[int]]:
-    """Insert the stages a recipe gets by default (compact_names, see default_compactions)
-    into `stages`; returns pipeline -> the indices they got."""
-    from orchestrator.stages import get_stage
-
+    """Insert the stages a recipe gets by default (the compaction, see default_compactions;
+    the boards' measurements) into `stages`; returns pipeline -> the indices they got."""
     added = default_compactions(recipe, stages)
+    compaction = compaction_stage()
     for name, index in added.items():
-        stages[name].insert(index, (DEFAULT_COMPACTION, get_stage(DEFAULT_COMPACTION).params()))
+        stages[name].insert(index, (compaction.name, compaction.params()))
     indices = {name: [index] for name, index in added.items()}
     for name, index in add_device_measurements(recipe, stages).items():
         indices.setdefault(name, []).extend(index)
@@ -130,15 +137,13 @@ def add_device_measurements(recipe: Recipe, stages: dict[str, list[tuple[str, Ba
     lists measure_on_device for that target itself or keeps the target's board off
     (`measure_on_device: false`, or a list of the targets that measure it); a listed stage
     gets the target's URL."""
-    from orchestrator.stages import get_stage
-
     connect = {t.name: t.connect for t in recipe.targets if t.connect is not None}
-    params_type = get_stage(DEVICE_STAGE).params
+    board = board_stage()
     added: dict[str, list[int]] = {}
     for name, entries in stages.items():
         listed = set()
         for index, (stage, params) in enumerate(entries):
-            if stage == DEVICE_STAGE:
+            if stage == board.name:
                 target = getattr(params, "target", None)
                 listed.add(target)
                 if getattr(params, "connect", None) is None and target in connect:
@@ -148,7 +153,7 @@ def add_device_measurements(recipe: Recipe, stages: dict[str, list[tuple[str, Ba
         for target, url in connect.items():
             if target not in listed and (chosen in (None, True) or (
                     isinstance(chosen, list) and target in chosen)):
-                entries.append((DEVICE_STAGE, params_type(target=target, connect=url)))
+                entries.append((board.name, board.params(target=target, connect=url)))
                 added.setdefault(name, []).append(len(entries) - 1)
     return added
 
@@ -158,7 +163,7 @@ def _emulated_has_tensorflow() -> bool | None:
     read from its folder, without starting it."""
     import json
 
-    from orchestrator.devices.emulated_board import board_folder
+    from orchestrator.boards.emulated_board import board_folder
 
     try:
         facts = json.loads((board_folder() / "board.json").read_text())
@@ -175,15 +180,16 @@ def board_limits(recipe: Recipe, stages: Mapping[str, list[tuple[str, BaseModel]
     One line per board and reason, naming the pipelines and the way out."""
     import shlex
 
-    from orchestrator.devices.measurement import prepare_command
-    from orchestrator.devices.urls import DeviceURLError, parse_device_url
+    from orchestrator.boards.measurement import prepare_command
+    from orchestrator.boards.urls import DeviceURLError, parse_device_url
 
     kinds = shipped_kinds(recipe, stages)
+    board_name = board_stage().name
     found: dict[tuple[str, str], list[str]] = {}
     for name, entries in stages.items():
         for stage, params in entries:
             where = getattr(params, "connect", None)
-            if stage != DEVICE_STAGE or where is None:
+            if stage != board_name or where is None:
                 continue
             try:
                 url = parse_device_url(where)
@@ -204,5 +210,5 @@ def board_limits(recipe: Recipe, stages: Mapping[str, list[tuple[str, BaseModel]
             else:
                 continue
             found.setdefault((board, why), []).append(name)
-    return [f"{board} {why.format(', '.join(names))}; `measure_on_device: false` in a "
+    return [f"{board} {why.format(', '.join(names))}; `{board_name}: false` in a "
             "pipeline keeps the board off it" for (board, why), names in found.items()]

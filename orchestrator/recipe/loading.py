@@ -32,8 +32,6 @@ from orchestrator.recipe.checks import (
     parse_stage_entry,
 )
 from orchestrator.recipe.defaults import (
-    COMPACTED_AFTER,
-    DEFAULT_COMPACTION,
     add_default_stages,
     default_compactions,
     keeps_names,
@@ -58,7 +56,7 @@ from orchestrator.spec.yaml_reader import (
 if TYPE_CHECKING:
     from orchestrator.spec.devices import Device
 
-__all__ = ["COMPACTED_AFTER", "DEFAULT_COMPACTION", "LoadedRecipe", "Loc", "Located",
+__all__ = ["LoadedRecipe", "Loc", "Located",
            "RecipeErrors",
            "add_default_stages", "apply_overrides", "check_yaml_bounds", "default_compactions",
            "dotted", "keeps_names", "lineage", "load_recipe", "load_yaml", "make_error",

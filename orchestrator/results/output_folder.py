@@ -32,14 +32,20 @@ import fcntl
 import json
 import os
 import shutil
+import sys
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import OutputError
+
+if TYPE_CHECKING:
+    from orchestrator.engine.node_run import NodeOutcome, RunData
+    from orchestrator.engine.plan import Plan
 
 MARKER = ".orchestrator-recipe"
 # hidden working folders of a run: this one's, or another run's that is still writing
@@ -397,3 +403,64 @@ def check_output_owner(out_dir: Path, recipe_name: str, recipe_path: Path | str,
     store or MLflow's folder, or lies inside the store or MLflow's folder (always)."""
     check(out_dir, owner_of(recipe_name, recipe_path), force,
           protected_paths(root, recipe_path), force_does or REPLACES)
+
+
+# --- what a run writes into the folder: each variant, report.json and the page ----------
+
+def write_outputs(built: Path, final: Path, plan: Plan, data: RunData,
+                  outcomes: Mapping[str, NodeOutcome], report: Mapping[str, Any],
+                  picture_cache: Path | None = None) -> None:
+    """DIR/<pipeline>/ (the model file of its kind, signature.json, stage files),
+    DIR/report.json and the page, written into `built`: the empty folder that
+    `replacing` swaps in whole as `final` (so the page links relative to
+    `final`). A folder that cannot be written (full, read-only) is an OutputError naming
+    `final`. `picture_cache`: where the pictures of earlier reports are kept, to be
+    reused when this report's are the same (plots.report_plots)."""
+    from orchestrator.paths import describe_os_error
+    from orchestrator.results.page import report_files
+
+    pictures, warnings = report_files(report, final, picture_cache)
+    for warning in warnings:  # the run succeeded: its pictures are not worth failing it
+        print(f"warning: {warning}", file=sys.stderr)
+    report["page_files"] = sorted(pictures)  # type: ignore[index]
+    try:
+        for name in report["variants"]:
+            _write_variant(built / name, name, plan, data, outcomes)
+        for name, content in pictures.items():
+            (built / name).write_bytes(content)
+        (built / "report.json").write_text(json.dumps(report, indent=2, default=_jsonable))
+    except OSError as exc:
+        raise OutputError(f"cannot write the outputs to {final}: {describe_os_error(exc)}",
+                          file=str(final)) from exc
+
+
+def _write_variant(folder: Path, name: str, plan: Plan, data: RunData,
+                   outcomes: Mapping[str, NodeOutcome]) -> None:
+    """One variant's folder (inside the staging folder: plain writes suffice)."""
+    from orchestrator.model import kinds
+
+    folder.mkdir(parents=True)
+    key = plan.final_model_key(name)
+    if key in data.unstored_models:
+        artifact = data.unstored_models[key]
+        (folder / kinds.file_name(artifact.kind)).write_bytes(kinds.to_bytes(artifact))
+        (folder / "signature.json").write_text(artifact.signature_json())
+    else:  # copy the stored bytes: no need to parse the graph
+        stored = data.store.model_path(key)
+        shutil.copyfile(stored, folder / stored.name)
+        shutil.copyfile(data.store.signature_path(key), folder / "signature.json")
+    for node in plan.pipelines[name]:
+        outcome = outcomes.get(node.id)
+        if outcome is None or not data.store.has(node.key):
+            continue
+        for file_name in outcome.files:
+            target = folder / file_name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(data.store.file_path(node.key, file_name), target)
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)

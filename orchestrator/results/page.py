@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.model.litert_precision import DESCRIPTIONS
+from orchestrator.results.host_comparison import below_host
 
 PAGE = "report.html"
 PICTURES = (("Size against quality per target (estimated device latency as colour)",
@@ -94,57 +95,6 @@ def budget_words(budgets: Mapping[str, Any] | None) -> list[tuple[str, str]]:
         else:
             shown.append((key, f"{key}: {value}"))
     return shown
-
-
-def below_host(variant: Mapping[str, Any], target: str, short: bool = False) -> str | None:
-    """Why the estimate for `target` is below what this host measured for the same file
-    (a sentence; `short`: a few words, for a table cell); None where it is not below."""
-    from orchestrator.measure.estimates import timings_spread
-
-    result = (variant.get("targets") or {}).get(target) or {}
-    made = result.get("estimate") or {}
-    est = result.get("est_latency_ms")
-    p50 = ((variant.get("latency_ms") or {}).get("p50") or made.get("host_p50_ms"))
-    if not isinstance(est, int | float) or not isinstance(p50, int | float) or est >= p50:
-        return None
-    if made.get("ceiling_applied"):
-        int8_tf = variant.get("precision") == "int8" and made.get("runtime") == "tensorflow"
-        if short:
-            return ("below host: x86's 8-bit kernels are slow" if int8_tf
-                    else "below host: host kernel time left out")
-        kernels = ("TF's classic 8-bit kernels, slow on x86 and fast (NEON) on Arm" if int8_tf
-                   else "kernels slower than its matmul probe, which does not carry over "
-                        "to another CPU")
-        return (f"below this host's p50: this host spends most of it in {kernels}; the "
-                "estimate counts the device's own compute instead")
-    fastest = made.get("host_fastest_ms")
-    if isinstance(fastest, int | float) and timings_spread(p50, fastest):
-        return "below host: its runs were slowed" if short else (
-            f"below this host's p50: the host's runs were slowed (p50 {p50 / fastest:.3g}× "
-            "the fastest run); the estimate reads the fastest")
-    return "below host: a faster device" if short else (
-        "below this host's p50: the device's catalogued speed is above this host's")
-
-
-def below_host_lines(report: Mapping[str, Any]) -> list[str]:
-    """For under the console's table: per reason, the variants whose estimate is below
-    this host's measured p50, and why ("int8, mobile: est. latency below this host's p50
-    (6.36 ms, 4.84 ms): ...")."""
-    from orchestrator.formatting import format_ms
-
-    grouped: dict[str, list[str]] = {}
-    for name, variant in report["variants"].items():
-        reasons = {below_host(variant, t) for t in report.get("selected") or {}} - {None}
-        for reason in sorted(r for r in reasons if r):
-            grouped.setdefault(reason, []).append(name)
-    lines = []
-    for reason, names in grouped.items():
-        p50s = ", ".join(format_ms((report["variants"][n].get("latency_ms") or {}).get("p50"))
-                         for n in names)
-        lines.append(f"{', '.join(names)}: est. latency "
-                     + reason.replace("below this host's p50", f"below this host's p50 ({p50s})",
-                                      1))
-    return lines
 
 
 def method_rows(report: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -257,17 +207,17 @@ def render(report: Mapping[str, Any], images: Mapping[str, bytes],
     # what the RAM column's figures are: one name for all, else each cell names its own
     ram_measures = sorted({ram_measure(v) for v in variants.values()},
                           key=list(RAM_SOURCE_OF).index)
-    from orchestrator.results.device_figures import (
+    from orchestrator.results.board_figures import (
         EMULATED_NOTE,
         FIGURES_NOTE,
         PAGE_COLUMNS,
-        device_rows,
+        board_rows,
     )
 
-    rows = device_rows(report)
+    rows = board_rows(report)
     html = template.render(
-        device_rows=rows, emulated_note=EMULATED_NOTE[0].upper() + EMULATED_NOTE[1:],
-        device_columns=list(PAGE_COLUMNS), device_note=FIGURES_NOTE[0].upper() + FIGURES_NOTE[1:],
+        board_rows=rows, emulated_note=EMULATED_NOTE[0].upper() + EMULATED_NOTE[1:],
+        board_columns=list(PAGE_COLUMNS), board_note=FIGURES_NOTE[0].upper() + FIGURES_NOTE[1:],
         report=report, target_names=target_names, targets=report.get("targets") or {},
         selected_names=set(filter(None, (report.get("selected") or {}).values())),
         host=hosts[0] if hosts else None, warnings=warnings, diagnostics=diagnostics,

@@ -37,7 +37,6 @@ import json
 import math
 import os
 import pickle
-import selectors
 import shutil
 import signal
 import subprocess
@@ -48,7 +47,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator import zygote
+from orchestrator import helper_process, zygote
 from orchestrator.formatting import MIB, format_ms, format_size, layer_names
 
 # A layer's error above this many quantization steps is flagged (see layer_errors).
@@ -676,20 +675,10 @@ class _Painter:
     def start(self) -> None:
         if self.process is not None:
             return
-        package_root = str(Path(__file__).resolve().parents[2])
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
-        with open(os.devnull, "wb") as devnull:  # a warm process forks it, where one runs
-            self.process = zygote.fork_module(PAINTER_MODULE, env, text=False,
-                                              stderr=devnull.fileno())
-        if self.process is not None:
-            return
-        with contextlib.suppress(OSError):  # then the run draws them all itself
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", PAINTER_MODULE], env=env,
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                # a Ctrl-C at the terminal is the run's to handle (it ends this process)
-                process_group=0)
+        with open(os.devnull, "wb") as devnull, contextlib.suppress(OSError):
+            # a warm process forks it, where one runs; failing that, the run draws them all
+            self.process = zygote.start_module(PAINTER_MODULE, helper_process.module_env(),
+                                               stderr=devnull.fileno())
 
     def draw(self, report: Mapping[str, Any]) -> dict[str, bytes] | None:
         """The report's pictures, in the order report_plots makes them; None when no
@@ -698,16 +687,18 @@ class _Painter:
         process, self.process = self.process, None
         if process is None:
             return None
+        helper = helper_process.Helper(process)
         try:
-            assert process.stdin is not None
-            process.stdin.write(pickle.dumps((SHARES[1], dict(report))))
-            process.stdin.close()
-            drawn = {name: _draw(report, name) for name in SHARES[0]}
-            answer = pickle.loads(_read_all(process, time.monotonic() + DRAW_TIMEOUT_S))
+            with helper.exchange():
+                helper.write(pickle.dumps((SHARES[1], dict(report))))
+                helper.close_input()
+                drawn = {name: _draw(report, name) for name in SHARES[0]}
+                answer = pickle.loads(helper.read_to_end(
+                    helper_process.deadline_in(DRAW_TIMEOUT_S)))
         except Exception:  # noqa: BLE001  (drawn again, in order, by report_plots)
             return None
         finally:
-            _end(process)
+            helper_process.stop(process, None)
         if not isinstance(answer, dict) or set(answer) != set(SHARES[1]):
             return None  # its share met an error
         drawn.update(answer)
@@ -718,32 +709,7 @@ class _Painter:
         """A process that drew nothing (a run that failed, or found its pictures kept)."""
         process, self.process = self.process, None
         if process is not None:
-            _end(process)
-
-
-def _read_all(process: Painter, deadline: float) -> bytes:
-    assert process.stdout is not None
-    chunks = []
-    with selectors.DefaultSelector() as selector:
-        selector.register(process.stdout, selectors.EVENT_READ)
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not selector.select(left):
-                raise TimeoutError("the drawing process did not answer")
-            chunk = os.read(process.stdout.fileno(), 1 << 20)
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-
-
-def _end(process: Painter) -> None:
-    for stream in (process.stdin, process.stdout):
-        if stream is not None:
-            with contextlib.suppress(OSError):
-                stream.close()
-    if process.poll() is None:
-        process.kill()
-    process.wait()
+            helper_process.stop(process, None)
 
 
 _PAINTER = _Painter()

@@ -6,18 +6,13 @@ that measured it); estimates are labelled as such (`est_latency_ms`).
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator.engine.guard import GuardResult
 from orchestrator.engine.node_run import NodeOutcome, RunData
 from orchestrator.engine.plan import Plan
-from orchestrator.errors import OutputError
 from orchestrator.formatting import (
     SIZE_UNIT_NOTE,
     format_count,
@@ -25,10 +20,10 @@ from orchestrator.formatting import (
     format_number,
     format_size,
 )
+from orchestrator.guard.trials import GuardResult
 from orchestrator.measure.budgets import MB, broken_kinds, check_budgets
 from orchestrator.model import kinds
-from orchestrator.paths import describe_os_error
-from orchestrator.results.device_figures import print_device_table
+from orchestrator.results.board_figures import print_board_table
 from orchestrator.results.selection import ESTIMATE_TIE, select, selection_reasons
 
 
@@ -67,12 +62,24 @@ def _ram(info: Mapping[str, Any], size_bytes: int) -> dict[str, Any]:
 
 # The sentence a layer diagnostic (freeze_ranges, convert_tflite) ends with: turn the guard on
 GUARD_ADVICE = re.compile(r"\.\s+Where a quality budget breaks, the guard \(.*$", re.DOTALL)
+# The keys of a stage's info that its variant in report.json shows as they are (a key may
+# share a word with a stage: `memmap` is the memmap stage's table).
+INFO_SHOWN = ("ranges", "memmap", "encryption", "outputs", "layer_errors", "float_nodes",
+              "computes_in", "bytes_by_kind", "bias_correction", "equalized", "host",
+              "threads", "threads_matrix", "profile", "latency_runs_ms", "memory",
+              "estimate_basis")
 
 
 def guard_on(nodes: list[Any]) -> bool:
-    """Whether a pipeline's own stages turn the accuracy guard on (quantize_nodes' or
-    convert_tflite's `guard: true`)."""
-    return any(getattr(node.params, "guard", False) is True for node in nodes)
+    """Whether a pipeline's own stages turn the accuracy guard on (a quantizing stage's
+    `guard: true`, as its knobs read it)."""
+    from orchestrator.stages import get_stage
+
+    for node in nodes:
+        knobs = get_stage(node.stage).knobs
+        if knobs is not None and knobs.guarded(node.params):
+            return True
+    return False
 
 
 def without_guard_advice(diagnostic: str) -> str:
@@ -128,10 +135,7 @@ def build_variant(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, N
                     **({"samples": _samples(o.info)} if _samples(o.info) else {}),
                     **({"warnings": o.warnings} if o.warnings else {})} for o in own],
     }
-    for key in ("ranges", "memmap", "encryption", "outputs", "layer_errors", "float_nodes",
-                "computes_in", "bytes_by_kind",
-                "bias_correction", "equalized", "host", "threads", "threads_matrix",
-                "profile", "latency_runs_ms", "memory", "estimate_basis"):
+    for key in INFO_SHOWN:
         if key in info:
             variant[key] = info[key]
     keyed = [n for n in nodes if n.key_id is not None and n.key_id in plan.keys]
@@ -265,62 +269,6 @@ def data_summary(plan: Plan) -> dict[str, Any]:
     return summary
 
 
-def write_outputs(built: Path, final: Path, plan: Plan, data: RunData,
-                  outcomes: Mapping[str, NodeOutcome], report: Mapping[str, Any],
-                  picture_cache: Path | None = None) -> None:
-    """DIR/<pipeline>/ (the model file of its kind, signature.json, stage files),
-    DIR/report.json and the page, written into `built`: the empty folder that
-    output_folder.replacing swaps in whole as `final` (so the page links relative to
-    `final`). A folder that cannot be written (full, read-only) is an OutputError naming
-    `final`. `picture_cache`: where the pictures of earlier reports are kept, to be
-    reused when this report's are the same (plots.report_plots)."""
-    from orchestrator.results.page import report_files
-
-    pictures, warnings = report_files(report, final, picture_cache)
-    for warning in warnings:  # the run succeeded: its pictures are not worth failing it
-        print(f"warning: {warning}", file=sys.stderr)
-    report["page_files"] = sorted(pictures)  # type: ignore[index]
-    try:
-        for name in report["variants"]:
-            _write_variant(built / name, name, plan, data, outcomes)
-        for name, content in pictures.items():
-            (built / name).write_bytes(content)
-        (built / "report.json").write_text(json.dumps(report, indent=2, default=_jsonable))
-    except OSError as exc:
-        raise OutputError(f"cannot write the outputs to {final}: {describe_os_error(exc)}",
-                          file=str(final)) from exc
-
-
-def _write_variant(folder: Path, name: str, plan: Plan, data: RunData,
-                   outcomes: Mapping[str, NodeOutcome]) -> None:
-    """One variant's folder (inside the staging folder: plain writes suffice)."""
-    folder.mkdir(parents=True)
-    key = plan.final_model_key(name)
-    if key in data.unstored_models:
-        artifact = data.unstored_models[key]
-        (folder / kinds.file_name(artifact.kind)).write_bytes(kinds.to_bytes(artifact))
-        (folder / "signature.json").write_text(artifact.signature_json())
-    else:  # copy the stored bytes: no need to parse the graph
-        stored = data.store.model_path(key)
-        shutil.copyfile(stored, folder / stored.name)
-        shutil.copyfile(data.store.signature_path(key), folder / "signature.json")
-    for node in plan.pipelines[name]:
-        outcome = outcomes.get(node.id)
-        if outcome is None or not data.store.has(node.key):
-            continue
-        for file_name in outcome.files:
-            target = folder / file_name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(data.store.file_path(node.key, file_name), target)
-
-
-def _jsonable(value: Any) -> Any:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return str(value)
-
-
 def _min_sqnr(variant: Mapping[str, Any]) -> str:
     """'23.1 (onset)': the lowest SQNR of the outputs that are not class scores."""
     rows = [r for r in variant.get("outputs") or [] if r.get("kind") not in (
@@ -400,6 +348,16 @@ def ship_lines(report: Mapping[str, Any], out_dir: Path) -> dict[str, str]:
     return lines
 
 
+def _guard_setting(stages: list[str]) -> str:
+    """The recipe line that turns the guard on for a variant: its last quantizing stage's
+    (the one whose model it ships), else the first registered quantizer's."""
+    from orchestrator.stages import all_stages, get_stage
+
+    own = [get_stage(name).knobs for name in stages if get_stage(name).knobs is not None]
+    anywhere = [stage.knobs for stage in all_stages() if stage.knobs is not None]
+    return (own or anywhere)[-1 if own else 0].guard_setting  # type: ignore[union-attr]
+
+
 def advice(report: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(variant, warning) the user can act on that no stage could say alone: an 8-bit
     variant that breaks a quality budget without the guard, while its diagnostics flag
@@ -418,10 +376,7 @@ def advice(report: Mapping[str, Any]) -> list[tuple[str, str]]:
 
         short = layer_names([r["node"] for r in variant["layer_errors"]])
         listed = ", ".join(f"{short[r['node']]} {r['rmse_over_scale']:.2f}" for r in bad[:3])
-        stages = {s["name"] for s in variant.get("stages") or []}
-        setting = ("quantize_tflite: {guard: true}" if "quantize_tflite" in stages
-                   else "convert_tflite: {mode: int8, guard: true}" if "convert_tflite" in stages
-                   else "quantize_nodes: {guard: true}")
+        setting = _guard_setting([s["name"] for s in variant.get("stages") or []])
         found.append((name, f"breaks the quality budget of {', '.join(quality)}, and "
                             f"{len(bad)} layer(s) are above {FLAG_ABOVE} RMSE/scale "
                             f"({listed}): set {setting} to let the accuracy guard take "
@@ -546,13 +501,13 @@ def print_summary(report: Mapping[str, Any], out_dir: Path, console: Any = None)
     console.print(table)
     from rich.markup import escape
 
-    from orchestrator.results.page import below_host_lines
+    from orchestrator.results.host_comparison import below_host_lines
 
     for line in below_host_lines(report):  # an estimate below the host's own figure: why
         console.print(f"  {escape(line)}", **prose)
     for note in notes:
         console.print(f"  [dim]{escape(note)}[/]", **prose)
-    print_device_table(report, console, prose)
+    print_board_table(report, console, prose)
 
     for where, warning in console_warnings(report):
         console.print(f"  [yellow]warning[/] {escape(where)}: {escape(warning)}", **prose)

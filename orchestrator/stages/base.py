@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from orchestrator.model.artifact import ModelArtifact
     from orchestrator.model.keys import ModelKey
+    from orchestrator.quant.knobs import ApplyCandidate, Knobs
     from orchestrator.spec.devices import Device
 
 
@@ -113,6 +114,20 @@ class Stage:
     prepare: params -> None, called once a run computes its first stage when this stage is
     still to run there: slow setup (a helper process importing TensorFlow) then overlaps
     the stages before it.
+
+    What the layers above need to know of a stage, so that none of them names one:
+    knobs: a quantizing stage's declaration of what the accuracy guard may change
+    (orchestrator.quant.knobs). candidate: how a guard candidate changes this stage's params
+    (None from it: the candidate leaves the stage out); the quantizer and the stages around
+    it (its weights, its ranges) declare one. eight_bit: it turns float weights or ops into
+    eight bits, so its input is the lineage's float model (layer errors compare with it).
+    judges_quality: its metrics are what quality budgets judge (the guard reads a trial's
+    quality from it). variant_metrics: its metrics are the variant's own, tracked without
+    the stage's prefix. per_board: it measures on a target's board; a recipe gets it once
+    per target with `connect:`, and the guard measures only the model it chose there.
+    ships_compact_names: a lineage with this stage ships compact node names by default;
+    compacts_names: the stage that makes them, added after the lineage's last graph
+    transform (recipe/defaults.py).
     """
 
     name: str
@@ -131,6 +146,14 @@ class Stage:
     refuses: Mapping[str, str] = field(default_factory=dict)
     data_for: Callable[[Any], Mapping[str, str]] | None = None
     prepare: Callable[[Any], None] | None = None
+    knobs: Knobs | None = None
+    candidate: ApplyCandidate | None = None
+    eight_bit: bool = False
+    judges_quality: bool = False
+    variant_metrics: bool = False
+    per_board: bool = False
+    ships_compact_names: bool = False
+    compacts_names: bool = False
 
 
 def shipped_graph(artifact: ModelArtifact, ctx: StageContext) -> ModelArtifact:

@@ -332,4 +332,4 @@ def _prepare(params: Params) -> None:
 
 
 STAGE = register(Stage(name="benchmark", run=run, prepare=_prepare, params=Params,
-                       doc=__doc__, kind="measure", accepts=ANY_KIND))
+                       doc=__doc__, kind="measure", accepts=ANY_KIND, variant_metrics=True))

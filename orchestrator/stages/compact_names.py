@@ -81,4 +81,5 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
         files={"names.json": json.dumps(mapping, indent=1, sort_keys=True).encode()})
 
 
-STAGE = register(Stage(name="compact_names", run=run, params=Params, doc=__doc__ or ""))
+STAGE = register(Stage(name="compact_names", run=run, params=Params, doc=__doc__ or "",
+                       compacts_names=True))

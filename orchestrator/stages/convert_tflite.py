@@ -37,6 +37,16 @@ from orchestrator.limits import bounded
 from orchestrator.model import litert_precision, tflite_bytes
 from orchestrator.model.artifact import ModelArtifact
 from orchestrator.model.native_output import native_output_held
+from orchestrator.quant.knobs import (
+    FLOAT,
+    Candidate,
+    Fallback,
+    FoundLayers,
+    Knobs,
+    LayerSource,
+    with_params,
+)
+from orchestrator.quant.litert_quantizer import DYNAMIC_RANGE_WORDS
 from orchestrator.stages import register
 from orchestrator.stages.base import (
     Stage,
@@ -96,7 +106,7 @@ class Params(StageParams):
     guard: bool = Field(
         False, description="int8 mode: when a target's quality budget breaks, keep the "
         "layers that add the most error in float (float_nodes), worst first, until it holds "
-        "(see orchestrator.engine.guard); each trial is tracked.")
+        "(see orchestrator/guard/); each trial is tracked.")
 
 
 def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
@@ -473,6 +483,36 @@ def data_for(params: Params) -> dict[str, str]:
             "dynamic_range needs no data"} if params.mode == "int8" else {}
 
 
+def _candidate(params: Params, candidate: Candidate) -> Params:
+    """int8 mode: a guard candidate's float layers join float_nodes; the fallback is
+    dynamic range (int8 weights, float activations). The other modes are no candidate's."""
+    if params.mode != "int8":
+        return params
+    if candidate.fallback:
+        return with_params(params, mode="dynamic_range", float_nodes=[], float_ops=[])
+    moved = candidate.nodes_in(FLOAT.name)
+    return with_params(params, float_nodes=sorted({*params.float_nodes, *moved})) \
+        if moved else params
+
+
+def _layers(source: LayerSource) -> FoundLayers:
+    """The int8 model's ops the quantization debugger measured (this stage's layer_errors)."""
+    from orchestrator.quant.layer_groups import litert_layers
+
+    return FoundLayers(litert_layers(list(source.info.get("layer_errors") or [])))
+
+
+# int8 mode: each op the debugger measured, worst first, back to float through float_nodes
+KNOBS = Knobs(
+    steers=lambda params: params.mode == "int8",
+    guarded=lambda params: params.guard,
+    layers=_layers,
+    ladder=(FLOAT,),
+    kernels="LiteRT's int8 model",
+    guard_setting="convert_tflite: {mode: int8, guard: true}",
+    fallback=Fallback(DYNAMIC_RANGE_WORDS, DYNAMIC_RANGE_WORDS, "8-bit LiteRT variant",
+                      change="every layer -> weights-only 8-bit (dynamic range)"))
+
 STAGE = register(Stage(name="convert_tflite", run=run, params=Params, doc=__doc__ or "",
                        optional_data=("representative",), produces="tflite",
-                       data_for=data_for))
+                       data_for=data_for, knobs=KNOBS, candidate=_candidate))

@@ -170,4 +170,4 @@ def _check_labels(outputs: np.ndarray, labels: np.ndarray) -> None:
 
 STAGE = register(Stage(name="evaluate", run=run, params=Params, doc=__doc__,
                        kind="measure", uses_data=("evaluation",),
-                       accepts=ANY_KIND))
+                       accepts=ANY_KIND, judges_quality=True, variant_metrics=True))

@@ -38,6 +38,7 @@ from orchestrator.errors import DataError
 from orchestrator.limits import bounded
 from orchestrator.model.graph_rewrite import copy_graph, make_const, subgraph
 from orchestrator.quant import ranges as q
+from orchestrator.quant.knobs import Candidate, with_params
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 
@@ -254,6 +255,17 @@ def _freeze(artifact: ModelArtifact, params: Params, log: str, user_log: str | N
         info={"ranges": rows})
 
 
+def _candidate(params: Params, candidate: Candidate) -> Params | None:
+    """A guard candidate's range percentile, for both ends; the fallback has no 8-bit ops,
+    so no ranges to freeze (the stage is left out)."""
+    if candidate.fallback:
+        return None
+    percentile = candidate.option(q.PERCENTILE_KNOB)
+    return params if percentile is None else with_params(
+        params, min_percentile=percentile, max_percentile=percentile)
+
+
 STAGE = register(Stage(name="freeze_ranges", run=run, params=Params, doc=__doc__ or "",
                        requires=("log_ranges",), requires_unless="log_file",
-                       optional_data=("representative",), file_params=("log_file",)))
+                       optional_data=("representative",), file_params=("log_file",),
+                       candidate=_candidate))

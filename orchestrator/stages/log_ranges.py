@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 
     from orchestrator.measure.tf_runtime import GraphRunner
     from orchestrator.model.artifact import ModelArtifact
+    from orchestrator.quant.knobs import Candidate
 
 
 class Params(StageParams):
@@ -352,5 +353,10 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
         warnings=warnings)
 
 
+def _candidate(params: Params, candidate: Candidate) -> Params | None:
+    """The guard's fallback has no 8-bit ops, so no ranges to log (the stage is left out)."""
+    return None if candidate.fallback else params
+
+
 STAGE = register(Stage(name="log_ranges", run=run, params=Params, doc=__doc__ or "",
-                       uses_data=("representative",)))
+                       uses_data=("representative",), candidate=_candidate))

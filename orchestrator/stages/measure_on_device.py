@@ -1,7 +1,7 @@
 """Measure the file that ships on the target's own board, and check its outputs there.
 
 Added to every pipeline for each target with `connect:` (recipe/defaults.py), or listed by
-hand. On the board (devices/): the shipped file's latency per thread setting after warm-up
+hand. On the board (boards/): the shipped file's latency per thread setting after warm-up
 runs (first/cold, then count, mean, std, cv, p50, p90, p99, max), the load time and memory
 growth of a fresh process, and the evaluation inputs run there. Here, as evaluate judges
 the host's outputs: `fidelity` against the float source model's outputs on the same
@@ -62,10 +62,10 @@ class Params(StageParams):
 
 
 def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
-    from orchestrator.devices import measurement
-    from orchestrator.devices.errors import DeviceLost, DeviceUnreachable
-    from orchestrator.devices.session import drop_session, shared_session
-    from orchestrator.devices.urls import parse_device_url
+    from orchestrator.boards import measurement
+    from orchestrator.boards.errors import DeviceLost, DeviceUnreachable
+    from orchestrator.boards.session import drop_session, shared_session
+    from orchestrator.boards.urls import parse_device_url
 
     assert params.connect is not None, "the recipe loader fills connect from the target"
     url = parse_device_url(params.connect)
@@ -196,4 +196,5 @@ register(Stage(name="measure_on_device", run=run, params=Params,
                doc="Latency, load time, memory and outputs of the shipped file on the target's "
                    "board (`connect:`): its fidelity to the source model, accuracy, and "
                    "agreement with this host's outputs.",
-               kind="measure", accepts=ANY_KIND, optional_data=("evaluation",)))
+               kind="measure", accepts=ANY_KIND, optional_data=("evaluation",),
+               variant_metrics=True, per_board=True))

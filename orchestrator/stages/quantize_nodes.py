@@ -48,6 +48,17 @@ from orchestrator.model.graph_rewrite import (
 from orchestrator.quant import integer_bias
 from orchestrator.quant import kernel_support as ks
 from orchestrator.quant import ranges as q
+from orchestrator.quant.knobs import (
+    FLOAT,
+    WEIGHTS_ONLY,
+    Alternative,
+    Candidate,
+    Fallback,
+    FoundLayers,
+    Knobs,
+    LayerSource,
+    with_params,
+)
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
 
@@ -55,6 +66,7 @@ if TYPE_CHECKING:
     from tensorflow.core.framework.graph_pb2 import GraphDef
 
     from orchestrator.model.artifact import ModelArtifact
+    from orchestrator.spec.models import Tune
 
 _DT_FLOAT = 1
 # GTT converts only ops whose inputs and outputs are all float, and has no per-node
@@ -368,5 +380,67 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
         warnings=warnings)
 
 
+def _layers(source: LayerSource) -> FoundLayers:
+    """The ops this entry converts (its `ops`, less `exclude_nodes` and the nodes it left
+    float for their kernels), as layers of the float graph it was given."""
+    from orchestrator.quant.layer_groups import data_inputs, layers_of
+
+    graph = source.input_model().graph_def
+    allowed = source.params.ops or q.QUANTIZABLE_OPS
+    excluded = set(source.params.exclude_nodes)
+    excluded |= {row["node"] for row in source.info.get("float_nodes") or []}
+    convertible = {n.name for n in graph.node if n.op in allowed and n.name not in excluded}
+    return FoundLayers(layers_of(graph, convertible), data_inputs(graph))
+
+
+def _candidate(params: Params, candidate: Candidate) -> Params | None:
+    """Moved layers (weights-only or float) are not converted; the fallback converts
+    nothing (the stage is left out)."""
+    if candidate.fallback:
+        return None
+    update: dict[str, object] = {}
+    moved = {*candidate.nodes_in(WEIGHTS_ONLY.name), *candidate.nodes_in(FLOAT.name)}
+    if moved:
+        update["exclude_nodes"] = sorted({*params.exclude_nodes, *moved})
+    if candidate.option(BIAS_CORRECTION) is False:
+        update["bias_correction"] = False
+    return with_params(params, **update) if update else params
+
+
+def _clipping_percentiles(_params: Params, tune: Tune, errors: list[dict]) -> tuple[float, ...]:
+    """Other range percentiles, when a layer's activations clip on more than
+    CLIPPING_WORTH_PERCENTILES of its values."""
+    clipping = max((row.get("clipped_share") or 0.0 for row in errors), default=1.0)
+    return tuple(tune.percentiles) if clipping > CLIPPING_WORTH_PERCENTILES else ()
+
+
+# A layer whose activations clip on more than this share of values makes range percentiles
+# worth trying.
+CLIPPING_WORTH_PERCENTILES = 0.01
+BIAS_CORRECTION = "bias_correction"
+KNOBS = Knobs(
+    steers=lambda params: True,
+    guarded=lambda params: params.guard,
+    layers=_layers,
+    # weights-only keeps most of the size gain; it needs the stage that makes 8-bit weights
+    ladder=(WEIGHTS_ONLY, FLOAT),
+    needs={WEIGHTS_ONLY.name: "quantize_weights"},
+    kernels="the GraphDef eight-bit kernels",
+    guard_setting="quantize_nodes: {guard: true}",
+    fallback=Fallback("weights-only 8-bit", "weights-only 8-bit (8-bit weights, float "
+                      "compute)", "8-bit variant", change="every layer -> weights-only 8-bit",
+                      needs="quantize_weights"),
+    alternatives=(
+        # bias correction shifts biases by a mean measured on float activations; where
+        # activation rounding dominates it can cost more than it saves: measure it off
+        Alternative(BIAS_CORRECTION,
+                    lambda params, _tune, _errors: (False,) if params.bias_correction else (),
+                    lambda _value: "bias correction off", lambda _value: "bias correction off"),
+        # freeze_ranges reads the percentile (its `candidate`)
+        Alternative(q.PERCENTILE_KNOB, _clipping_percentiles,
+                    lambda value: f"range percentile {value:g}",
+                    lambda value: f"percentile {value:g}")))
+
 STAGE = register(Stage(name="quantize_nodes", run=run, params=Params, doc=__doc__ or "",
-                       optional_data=("representative",)))
+                       optional_data=("representative",), knobs=KNOBS,
+                       candidate=_candidate, eight_bit=True, ships_compact_names=True))

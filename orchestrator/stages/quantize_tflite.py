@@ -28,7 +28,26 @@ from pydantic import Field, field_validator
 from orchestrator.errors import DataError, ModelSourceError
 from orchestrator.limits import bounded
 from orchestrator.model.artifact import ModelArtifact
-from orchestrator.quant.litert_quantizer import SCHEME_DOCS, STATIC, Scheme
+from orchestrator.quant.knobs import (
+    FLOAT,
+    INT16_ACTIVATIONS,
+    Candidate,
+    Fallback,
+    FoundLayers,
+    Knobs,
+    LayerSource,
+    with_params,
+)
+from orchestrator.quant.litert_quantizer import (
+    DYNAMIC_RANGE_WORDS,
+    DYNAMIC_SCHEME,
+    FLOAT_SCHEME,
+    SCHEME_DOCS,
+    STATIC,
+    WIDE_SCHEME,
+    Scheme,
+    layer_pattern,
+)
 from orchestrator.stages import register
 from orchestrator.stages.base import (
     Stage,
@@ -84,7 +103,7 @@ class Params(StageParams):
     guard: bool = Field(
         False, description="When a target's quality budget breaks, move the layers that "
         "add the most error to int16 activations (a16w8), and to float only where no "
-        "integer scheme holds (see orchestrator.engine.guard); each trial is tracked.")
+        "integer scheme holds (see orchestrator/guard/); each trial is tracked.")
 
     @field_validator("layers")
     @classmethod
@@ -213,6 +232,47 @@ def data_for(params: Params) -> dict[str, str]:
             "on it"} if _calibrates(params) else {}
 
 
+def _candidate(params: Params, candidate: Candidate) -> Params:
+    """The layers a guard candidate moves, by exact name, on top of the recipe's own
+    patterns (later patterns win); the fallback is dynamic range everywhere."""
+    if candidate.fallback:
+        return with_params(params, scheme=DYNAMIC_SCHEME, layers={})
+    wide, floats = candidate.nodes_in(INT16_ACTIVATIONS.name), candidate.nodes_in(FLOAT.name)
+    if not (wide or floats):
+        return params
+    layers = dict(params.layers)
+    layers.update({layer_pattern(n): WIDE_SCHEME for n in wide})
+    layers.update({layer_pattern(n): FLOAT_SCHEME for n in floats})
+    return with_params(params, layers=layers)
+
+
+def _layers(source: LayerSource) -> FoundLayers:
+    """The quantizer's rows name each op's inputs: ops grouped with the pass-through ops
+    that feed them, ranked by the error each adds on what it was given."""
+    from orchestrator.quant.layer_groups import grouped_layers
+
+    rows = list(source.info.get("layer_errors") or [])
+    return FoundLayers(grouped_layers(rows), {r["node"]: list(r.get("inputs") or [])
+                                              for r in rows}, ranking_rows=rows)
+
+
+# Quantization noise on a deep CNN piles up a little in every layer, so taking a layer or two
+# out of int8 moves the output little; wider activations on many layers at once do help, and
+# keep the int8 weights and integer compute: every layer a16w8, then bisect the fewest that
+# need it (orchestrator/guard/bisect.py).
+KNOBS = Knobs(
+    steers=lambda params: True,
+    guarded=lambda params: params.guard,
+    layers=_layers,
+    ladder=(INT16_ACTIVATIONS, FLOAT),
+    search="bisect",
+    kernels="an integer LiteRT file (int8, int16 activations where needed, float only "
+            "where neither held)",
+    guard_setting="quantize_tflite: {guard: true}",
+    fallback=Fallback(DYNAMIC_RANGE_WORDS, DYNAMIC_RANGE_WORDS, "8-bit LiteRT variant",
+                      change="every layer -> weights-only 8-bit (dynamic range)"),
+    shows_compute=True)
+
 STAGE = register(Stage(name="quantize_tflite", run=run, params=Params, doc=__doc__ or "",
                        accepts=frozenset({"tflite"}), optional_data=("representative",),
-                       data_for=data_for))
+                       data_for=data_for, knobs=KNOBS, candidate=_candidate))

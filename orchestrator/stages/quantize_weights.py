@@ -26,6 +26,7 @@ from pydantic import Field
 from orchestrator.limits import bounded
 from orchestrator.model.graph_rewrite import GraphIndex, const_value, copy_graph, set_const_value
 from orchestrator.quant import ranges as q
+from orchestrator.quant.knobs import FLOAT, Candidate, with_params
 from orchestrator.quant.numerics import float_to_quint8
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
@@ -148,4 +149,13 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
         warnings=warnings)
 
 
-STAGE = register(Stage(name="quantize_weights", run=run, params=Params, doc=__doc__ or ""))
+def _candidate(params: Params, candidate: Candidate) -> Params:
+    """A guard candidate's float layers keep float weights (weights-only ones keep 8-bit
+    weights: that is what they are)."""
+    moved = candidate.nodes_in(FLOAT.name)
+    return with_params(params, exclude_nodes=sorted({*params.exclude_nodes, *moved})) \
+        if moved else params
+
+
+STAGE = register(Stage(name="quantize_weights", run=run, params=Params, doc=__doc__ or "",
+                       candidate=_candidate, eight_bit=True))

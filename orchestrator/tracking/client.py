@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator import zygote
+from orchestrator import helper_process, zygote
 from orchestrator.cache.project import project_root
 from orchestrator.cache.project import tracking_uri as project_tracking_uri
 from orchestrator.errors import OrchestratorError
@@ -39,25 +37,19 @@ class TrackingError(OrchestratorError):
     """MLflow could not record the run (bad MLFLOW_TRACKING_URI, unreachable server...)."""
 
 
-Worker = subprocess.Popen[str] | zygote.ForkedProcess
+Worker = subprocess.Popen[bytes] | zygote.ForkedProcess
 WORKER_MODULE = "orchestrator.tracking.worker"
 
 
 def _spawn(tracking_uri: str) -> Worker:
     """The worker for a run: forked by the zygote the environment names (orchestrator/
-    zygote.py), where one answers, else a process of its own."""
+    zygote.py), where one answers, else a process of its own. Either way in a process
+    group of its own: Ctrl-C for the run must not hit its Python mid start-up (the run
+    decides how tracking ends; a dead run ends its stdin)."""
     # MLflow prints "View run at <tracking URI>", credentials and all
     env = {**os.environ, "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
            PROBE_ENV: tracking_uri}
-    forked = zygote.fork_module(WORKER_MODULE, env)
-    if forked is not None:
-        return forked
-    return subprocess.Popen(
-        [sys.executable, "-m", WORKER_MODULE], stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, text=True, encoding="utf-8",
-        # its own process group: Ctrl-C for the run must not hit its Python mid start-up
-        # (the run decides how tracking ends; a dead run ends its stdin)
-        process_group=0, env=env)
+    return zygote.start_module(WORKER_MODULE, env)
 
 
 # Workers started ahead of their run, by tracking URI (see prestart).
@@ -78,11 +70,8 @@ def discard_prestarted() -> None:
     input ends, and a worker that was not asked to start exits without an MLflow run."""
     while _prestarted:
         _, process = _prestarted.popitem()
-        for stream in (process.stdin, process.stdout):
-            if stream is not None:
-                stream.close()
-        process.kill()  # nothing to record: no need to wait for MLflow's import
-        process.wait()
+        # nothing to record: no need to wait for MLflow's import
+        helper_process.stop(process, None)
 
 
 class TrackingClient:
@@ -94,6 +83,7 @@ class TrackingClient:
         self.local_default = tracking_uri is None and not os.environ.get("MLFLOW_TRACKING_URI")
         self.tracking_uri = tracking_uri or project_tracking_uri(root or project_root())
         self.process = _prestarted.pop(self.tracking_uri, None) or _spawn(self.tracking_uri)
+        self._channel = helper_process.Helper(self.process)
         self._started = False
         self._run_id: str | None = None
         self.run_name: str | None = None  # the parent run's, once started
@@ -108,22 +98,22 @@ class TrackingClient:
     # --- the protocol
 
     def _send(self, message: dict[str, Any]) -> None:
-        line = json.dumps(message, default=str) + "\n"
+        line = json.dumps(message, default=str).encode() + b"\n"
         with self._lock:  # hooks may be called from Prefect's task threads
-            if self._broken or self._closed or self.process.stdin is None:
+            if self._broken or self._closed:
                 return
             try:
-                self.process.stdin.write(line)
-                self.process.stdin.flush()
-            except OSError:
+                self._channel.write(line)
+            except helper_process.HelperError:
                 self._broken = True
 
     def _expect(self, op: str) -> dict[str, Any]:
         """The worker's next reply, which must be `op`; TrackingError otherwise."""
         if self._error is None:
-            assert self.process.stdout is not None
-            line = self.process.stdout.readline()
-            message = json.loads(line) if line else None
+            try:  # no deadline: MLflow's own (a server's) decide how long it takes
+                message = json.loads(self._channel.read_line())
+            except helper_process.HelperEnded:
+                message = None
             if message is None:
                 self._error = f"the tracking worker exited with code {self.process.wait()}"
             elif message.get("op") == op:
@@ -142,10 +132,8 @@ class TrackingClient:
         wait for its answer: a server that fails must fail before any stage runs, and a
         reachable one answers in a moment. A local store never fails that way: no wait,
         MLflow's import goes on beside the stages."""
-        assert self.process.stdout is not None
         remote = self.tracking_uri.startswith(("http://", "https://"))
-        if self._run_id is None and (
-                remote or select.select([self.process.stdout], [], [], 0)[0]):
+        if self._run_id is None and (remote or self._channel.ready()):
             self.run_id  # noqa: B018
 
     # --- the hook
@@ -229,22 +217,14 @@ class TrackingClient:
             if self._closed:
                 return
             self._closed = True
-            if self.process.stdin is not None and not self.process.stdin.closed:
-                try:
-                    self.process.stdin.close()
-                except OSError:
-                    pass
-        if self.process.stdout is not None:
-            self.process.stdout.close()
+            helper_process.close_streams(self.process, stdout=False)
+        helper_process.close_streams(self.process, stdin=False)
         if self._finished:
             return  # it exits on its own
-        if not self._started:
-            self.process.kill()  # nothing to record: no need to wait for MLflow's import
-        try:
-            self.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        # not started: nothing to record, no need to wait for MLflow's import; a Ctrl-C
+        # while it records leaves it to finish on its own
+        helper_process.stop(self.process, 60 if self._started else None,
+                            keep_on_interrupt=True)
 
 
 # --- what the parent run records of the recipe

@@ -48,6 +48,7 @@ from typing import Any
 from orchestrator.cache.project import local_tracking_folder
 from orchestrator.engine.run_names import distinct_name, git_commit, run_name
 from orchestrator.redaction import SECRET_WORDS, is_secret_key, redact, redacted
+from orchestrator.stages import get_stage
 from orchestrator.tracking.common import (
     HTTP_DEFAULTS,
     KEY_METRICS_VIEW,
@@ -78,10 +79,6 @@ CLASSIC_KIND = "custom_model_development"
 CLASSIC_VIEW_QUERY = "workflowType=machine_learning"
 NOTE_TAG = "mlflow.note.content"  # the run's (or experiment's) description in the UI
 
-# A pipeline's measurement: these stages' metrics are the pipeline's own (unprefixed, as the
-# report has them); other stages' metrics are prefixed with the stage (`quantize_nodes.x`).
-# measure_on_device's are `device_<figure>.<target>` (its _metrics builds them).
-MEASURING_STAGES = ("benchmark", "evaluate", "measure_on_device")
 # Per pipeline on its own run, at the end (the report's figures, one column each)
 PIPELINE_METRICS = ("size_bytes", "gzip_size_bytes", "params", "flops", "ram_bytes",
                     "accuracy", "accuracy_drop", "fidelity")
@@ -389,7 +386,10 @@ class MlflowLogger:
         if run_id is None:
             return
         stage = message["stage"]
-        prefix = "" if stage in MEASURING_STAGES else f"{stage}."
+        # a measuring stage's metrics are the pipeline's own (unprefixed, as the report has
+        # them; a board's are `device_<figure>.<target>` already); the others are prefixed
+        # with their stage (`<stage>.<metric>`)
+        prefix = "" if get_stage(stage).variant_metrics else f"{stage}."
         metrics = {f"{prefix}{k}": v for k, v in numeric_values(message["metrics"]).items()}
         self._log(run_id, metrics=metrics, step=message["index"], time_ms=message["time_ms"])
 

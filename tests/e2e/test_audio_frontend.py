@@ -1,5 +1,5 @@
 """Issue 17, the second model: raw audio through a fixed filterbank Conv1D whose outputs
-span 40 dB (tests/e2e/models_audio_frontend.py), then a small CNN and three sigmoid heads.
+span 40 dB (benchmarks/testbed/models_audio_frontend.py), then a small CNN and three sigmoid heads.
 
 Full int8 cannot keep the heads close to float (8-bit activations cannot cover the front
 end's range); the guard, under `min_sqnr_db: 20`, reaches the front end early, takes it
@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import model_builds  # tests/e2e: on sys.path (prepend mode)
 import pytest
-from models_audio_frontend import OUTPUT_NAMES  # tests/e2e: on sys.path (prepend mode)
+from support.project_env import run_recipe
+from testbed import model_builds
+from testbed.models_audio_frontend import OUTPUT_NAMES
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +63,7 @@ def audio_run(tmp_path_factory: pytest.TempPathFactory, prefect_server: None) ->
     work = tmp_path_factory.mktemp("audio_frontend")
     facts = model_builds.build("models_audio_frontend", work / "model")
     print("audio front-end model:", facts)
-    code, report = model_builds.run_recipe(work, RECIPE)
+    code, report = run_recipe(work, RECIPE)
     return {"code": code, "report": report, "facts": facts, "out": work / "out"}
 
 

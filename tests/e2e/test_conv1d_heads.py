@@ -5,7 +5,7 @@ budget (selected on the device estimate, and wherever a size budget excludes fp3
 Per-output budgets steer the selection; an unknown output name in them is exit 2 at its
 recipe line.
 
-The model (tests/e2e/models_conv1d.py, ~9k params) is trained here, seeded, in a
+The model (benchmarks/testbed/models_conv1d.py, ~9k params) is trained here, seeded, in a
 subprocess, then a recipe in tmp runs through `orchestrator run` with the session's Prefect
 server.
 """
@@ -17,11 +17,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-import model_builds  # tests/e2e: on sys.path (prepend mode)
 import numpy as np
 import pytest
-from models_conv1d import OUTPUT_NAMES  # tests/e2e: on sys.path (prepend mode)
-from project_env import run_recipe_in
+from support.project_env import run_recipe_in
+from testbed import model_builds
+from testbed.models_conv1d import OUTPUT_NAMES  # tests/e2e: on sys.path (prepend mode)
 
 MIN_SQNR_DB = 20.0
 

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prefect_session_server import new_prefect_home
-from waiting import wait_for
+from support.prefect_session_server import new_prefect_home
+from support.waiting import wait_for
 
 from orchestrator.flow import local_server
 from orchestrator.flow.local_server import pid_alive

@@ -15,7 +15,7 @@ from itertools import combinations
 from pathlib import Path
 
 import pytest
-from project_env import in_project
+from support.project_env import in_project
 
 from orchestrator.cli.main import main
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from error_lines import error_lines
-from prefect_session_server import new_prefect_home
+from support.error_lines import error_lines
+from support.prefect_session_server import new_prefect_home
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "recipes"

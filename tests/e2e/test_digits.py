@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from project_env import in_project
+from support.project_env import in_project
 
 from orchestrator.cli.main import main
 from orchestrator.stages.benchmark import LATENCY_KEYS

@@ -1,4 +1,4 @@
-"""A layer made bad on purpose (a huge weight outlier, tests/e2e/models_outlier.py): the
+"""A layer made bad on purpose (a huge weight outlier, benchmarks/testbed/models_outlier.py): the
 per-layer diagnostics name it as the worst, and the accuracy guard takes it back from
 8 bits first, ending within the budget."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import model_builds  # tests/e2e: on sys.path (prepend mode)
 import pytest
+from testbed import model_builds
 
 from orchestrator.cli.main import main
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.main import main
-from orchestrator.engine.guard import NOISE_DB
+from orchestrator.guard.trials import NOISE_DB
 
 RECIPE = Path(__file__).resolve().parents[1] / "fixtures" / "recipes" / "guard_tight_litert.yaml"
 

@@ -1,5 +1,5 @@
 """Issue 17's reproduction: a mini-Xception on real photo crops (64x64 grayscale, 7
-classes; tests/e2e/models_photo_xception.py) through the plain 8-bit pipeline, with the
+classes; benchmarks/testbed/models_photo_xception.py) through the plain 8-bit pipeline, with the
 accuracy guard under a tight top-1 agreement budget.
 
 Before the fix, taking a layer back to float moved this model's output *away* from float
@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import model_builds  # tests/e2e: on sys.path (prepend mode)
 import numpy as np
 import pytest
+from support.project_env import run_recipe
+from testbed import model_builds
 
-from orchestrator.engine.guard import NOISE_DB
+from orchestrator.guard.trials import NOISE_DB
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +55,7 @@ def photo_run(tmp_path_factory: pytest.TempPathFactory, prefect_server: None
     work = tmp_path_factory.mktemp("photo_xception")
     facts = model_builds.build("models_photo_xception", work / "model")
     print("photo mini-Xception:", facts)
-    code, report = model_builds.run_recipe(work, RECIPE)
+    code, report = run_recipe(work, RECIPE)
     for name in ("int8", "int8_float_only"):
         for trial in report["variants"][name]["trials"]:
             print(name, trial["trial"], trial["quality"], trial["logit_sqnr_db"],

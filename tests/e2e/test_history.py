@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from project_env import in_project
+from support.project_env import in_project
 
 from orchestrator.cli.main import main
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from project_env import run_recipe_in
+from support.project_env import run_recipe_in
 
 from orchestrator.cli.main import main
 

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from project_env import in_project
+from support.project_env import in_project
 
 from orchestrator.cli.main import main
 

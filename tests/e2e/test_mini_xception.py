@@ -5,7 +5,7 @@ int8 = quantize_weights, quantize_nodes {guard: true}, log_ranges, freeze_ranges
 top-1 on at least 98% of the test images, within the guard's default trials.
 
 The run is benchmarks/mini_xception.py's, whole: its `main` (not --quick: the acceptance
-judged), which builds the model seeded in a subprocess (tests/e2e/models_xception.py) and
+judged), which builds the model seeded in a subprocess (benchmarks/testbed/models_xception.py) and
 runs the recipe with the real console script in a fresh process, with its own store and
 MLflow database (and the session's Prefect server). test_benchmarks_quick.py leaves this
 script to this test.

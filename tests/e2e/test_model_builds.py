@@ -1,4 +1,4 @@
-"""The models tests train (tests/e2e/models_*.py, through model_builds.build) come out the
+"""The models tests train (benchmarks/testbed/models_*.py, through model_builds.build) come out the
 same, bit for bit, from two fresh processes: a test that trains a model sees one outcome.
 
 A short build (one epoch on 256 signals of models_conv1d: the same `deterministic` setup,
@@ -13,8 +13,8 @@ import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import model_builds  # tests/e2e: on sys.path (prepend mode)
 import pytest
+from testbed import model_builds
 
 SHORT = {"epochs": 1, "train": 256}
 

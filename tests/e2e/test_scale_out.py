@@ -5,7 +5,7 @@ is read back from Prefect's API, the runs, params, metrics and artifacts from ML
 the artifacts from the bucket), and the store's entries from the bucket, each verified
 against its manifest. The figures docs/scale-out.md quotes are printed (run with -s).
 
-The servers are shared by the test files one test process runs (tests/servers.py): what is
+The servers are shared by the test files one test process runs (tests/support/servers.py): what is
 read back is this run's (its flow run, its MLflow runs, its store prefix), and the database
 figures are the rows this run added."""
 
@@ -18,8 +18,8 @@ from typing import Any
 from uuid import UUID
 
 import pytest
-from s3_entries import all_entries_verify
-from servers import (
+from support.s3_entries import all_entries_verify
+from support.servers import (
     MLFLOW_BUCKET,
     STORE_BUCKET,
     Stack,

@@ -2,7 +2,7 @@
 and BatchNormalization is at most 0.35 of its fp32 size, and agrees with fp32 on at least 97%
 of inputs, with the accuracy guard on where needed.
 
-The model (tests/e2e/models_separable.py, ~57k params) is trained here, seeded, in a
+The model (benchmarks/testbed/models_separable.py, ~57k params) is trained here, seeded, in a
 subprocess (so that its seeds and op determinism stay out of this test session), then a
 recipe in tmp runs through `orchestrator run` with the session's Prefect server.
 """
@@ -14,11 +14,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import model_builds  # tests/e2e: on sys.path (prepend mode)
 import numpy as np
 import pytest
-from models_separable import INPUT_NAME  # tests/e2e: on sys.path (prepend mode)
-from project_env import run_recipe_in
+from support.project_env import run_recipe_in
+from testbed import model_builds
+from testbed.models_separable import INPUT_NAME
 
 MAX_SIZE_RATIO = 0.35
 MIN_AGREEMENT = 0.97

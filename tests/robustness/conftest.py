@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from project_env import new_mlflow_database
-from robust_helpers import (
+from support.project_env import new_mlflow_database
+from support.robust_helpers import (
     FUZZ_FAILURES,
     FUZZ_OUTCOMES,
     TEST_MODEL_KEY,

@@ -16,7 +16,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from robust_helpers import RECIPES, check_clean_error, cli_subprocess
+from support.robust_helpers import RECIPES, check_clean_error, cli_subprocess
 
 SCRIPT = Path(sysconfig.get_path("scripts")) / "orchestrator"  # this venv's console script
 VARIANTS = ("fp32", "int8", "mobile", "litert_int8", "litert_dynamic")

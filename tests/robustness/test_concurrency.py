@@ -5,7 +5,7 @@ with the same report apart from per-run fields (timings, measured memory, run id
 stages came from the cache), and leave a consistent store.
 
 The runs share the session's Prefect server (PREFECT_API_URL): the race under test is the
-store's and MLflow's; tests/test_prefect_server.py covers runs sharing a local server.
+store's and MLflow's; tests/flow/test_prefect_server.py covers runs sharing a local server.
 The recipe is small (the stages are not under test, the first writes to an empty store
 and an empty MLflow database are): two pipelines, one an 8-bit lineage from the other,
 an evaluation, so that the four runs race for shared cache entries, metrics and the
@@ -18,7 +18,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from robust_helpers import (
+from support.robust_helpers import (
     RUN_TIMEOUT_S,
     base_env,
     comparable_report,

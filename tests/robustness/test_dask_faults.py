@@ -30,8 +30,8 @@ from pathlib import Path
 import dask
 import numpy as np
 import pytest
-from project_env import in_project
-from robust_helpers import ROOT, cache_entries, partial_cache_entries
+from support.project_env import in_project
+from support.robust_helpers import ROOT, cache_entries, partial_cache_entries
 
 from orchestrator.cli.main import main
 

@@ -1,5 +1,5 @@
 """Boards are shared and flaky: each fault against a real OpenSSH server on loopback whose
-board is the emulated aarch64 Python (tests/ssh_board.py).
+board is the emulated aarch64 Python (benchmarks/testbed/ssh_board.py).
 
 - a board that cannot be reached, an unknown host key, a runtime missing there: exit 2
   before any stage runs, naming the target, the URL and the fix; nothing written;
@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from robust_helpers import (
+from support.robust_helpers import (
     DIGITS,
     RUN_TIMEOUT_S,
     cache_entries,
@@ -36,7 +36,7 @@ from robust_helpers import (
     wait_for,
     write_yaml,
 )
-from waiting import board_is_measuring
+from support.waiting import board_is_measuring
 
 pytestmark = [pytest.mark.device, pytest.mark.slow]
 
@@ -45,7 +45,7 @@ CORE = "cortex-a76"
 
 @pytest.fixture
 def board(tmp_path: Path, emulated_board: Path) -> Iterator[object]:
-    from ssh_board import start_ssh_board
+    from testbed.ssh_board import start_ssh_board
 
     started = start_ssh_board(tmp_path / "sshd")
     yield started

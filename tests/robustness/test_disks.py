@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from robust_helpers import (
+from support.robust_helpers import (
     cache_entries,
     check_clean_error,
     cli_in_process,

@@ -28,8 +28,8 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
-from project_env import in_project
-from robust_helpers import (
+from support.project_env import in_project
+from support.robust_helpers import (
     DIGITS,
     FUZZ_FAILURES,
     FUZZ_OUTCOMES,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from robust_helpers import (
+from support.robust_helpers import (
     LOAD_TIMEOUT_S,
     RUN_MEMORY_CAP,
     RUN_TIMEOUT_S,

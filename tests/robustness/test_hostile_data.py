@@ -14,7 +14,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from robust_helpers import DIGITS, cache_entries, check_clean_error, cli_in_process, write_yaml
+from support.robust_helpers import (
+    DIGITS,
+    cache_entries,
+    check_clean_error,
+    cli_in_process,
+    write_yaml,
+)
 
 NAN_AT = (17, 2, 3, 0)  # an index inside the first 200 samples of either array
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from robust_helpers import (
+from support.robust_helpers import (
     _NOISE,
     _PROGRESS,
     DIGITS,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from robust_helpers import (
+from support.robust_helpers import (
     cache_entries,
     check_clean_error,
     cli_in_process,

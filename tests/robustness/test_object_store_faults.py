@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 import yaml
-from robust_helpers import (
+from support.robust_helpers import (
     RUN_TIMEOUT_S,
     base_env,
     check_clean_error,
@@ -39,8 +39,8 @@ from robust_helpers import (
     start_cli,
     wait_all,
 )
-from s3_entries import all_entries_verify, client, objects
-from s3_server import S3Server, free_port, s3_server_or_skip
+from support.s3_entries import all_entries_verify, client, objects
+from support.s3_server import S3Server, free_port, s3_server_or_skip
 
 pytestmark = [pytest.mark.slow, pytest.mark.servers]
 

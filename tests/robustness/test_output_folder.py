@@ -18,7 +18,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-from robust_helpers import (
+from support.robust_helpers import (
     RUN_TIMEOUT_S,
     check_clean_error,
     cli_in_process,

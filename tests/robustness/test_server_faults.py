@@ -1,5 +1,5 @@
 """Issue 19, faults of the servers a scaled-out run depends on, injected for real into the
-stack of tests/servers.py (PostgreSQL, Prefect and MLflow servers, an S3 store):
+stack of tests/support/servers.py (PostgreSQL, Prefect and MLflow servers, an S3 store):
 
 - the MLflow tracking server killed (`kill -9` of its process group) in the middle of a run;
 - the Prefect server killed in the middle of a run;
@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from robust_helpers import wait_for
-from s3_entries import all_entries_verify
-from servers import (
+from support.robust_helpers import wait_for
+from support.s3_entries import all_entries_verify
+from support.servers import (
     RUN_TIMEOUT_S,
     STORE_BUCKET,
     ServerProcess,

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from robust_helpers import (
+from support.robust_helpers import (
     DIGITS,
     LOAD_TIMEOUT_S,
     RUN_MEMORY_CAP,

@@ -1,6 +1,6 @@
-"""tests/ssh_board.py itself: a real sshd on loopback that a strict, non-interactive client
-reaches with no HOME of its own; its faults (sessions killed, the server stopped and
-started again, an unknown host key) are the real ones."""
+"""benchmarks/testbed/ssh_board.py itself: a real sshd on loopback that a strict,
+non-interactive client reaches with no HOME of its own; its faults (sessions killed, the
+server stopped and started again, an unknown host key) are the real ones."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ssh_board import SshBoard, start_ssh_board
+from testbed.ssh_board import SshBoard, start_ssh_board
 
 pytestmark = pytest.mark.device
 

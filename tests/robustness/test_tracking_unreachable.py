@@ -9,7 +9,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from robust_helpers import (
+from support.robust_helpers import (
     base_env,
     check_clean_error,
     cli_subprocess,

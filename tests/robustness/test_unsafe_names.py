@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from robust_helpers import DIGITS, cache_entries, check_clean_error, cli_in_process, tree
+from support.robust_helpers import DIGITS, cache_entries, check_clean_error, cli_in_process, tree
 
 from orchestrator import limits
 

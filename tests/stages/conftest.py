@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
-from helpers_tf import run
+from support.helpers_tf import run
 
 from orchestrator.model import tf_adapter  # noqa: F401  (TF env defaults before TF is imported
 from orchestrator.model.artifact import ModelArtifact, TensorSpec

@@ -46,7 +46,7 @@ def test_names_shrink_and_outputs_stay_the_same() -> None:
 
 # --- on a real 8-bit graph: the file the README's int8 pipeline ships ---------------------
 
-import quant_fixtures  # noqa: E402  (tests/stages is on sys.path)
+from support import quant_fixtures  # noqa: E402
 
 cnn = quant_fixtures.cnn
 digits = quant_fixtures.digits

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-import quant_fixtures
-from quant_fixtures import accuracy, agreement, apply, context, predict
+from support import quant_fixtures
+from support.quant_fixtures import accuracy, agreement, apply, context, predict
 
 from orchestrator.errors import DataError, ModelSourceError
 from orchestrator.model.artifact import ModelArtifact

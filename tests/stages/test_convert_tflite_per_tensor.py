@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from quant_fixtures import agreement, apply, freeze, predict
+from support.quant_fixtures import agreement, apply, freeze, predict
 
 from orchestrator.model.artifact import ModelArtifact
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers_graphs import assert_same_outputs, tf1_graph
-from helpers_tf import run
+from support.helpers_graphs import assert_same_outputs, tf1_graph
+from support.helpers_tf import run
 
 from orchestrator.model.artifact import ModelArtifact, TensorSpec
 from orchestrator.model.graph_rewrite import const_value

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers_graphs import (
+from support.helpers_graphs import (
     assert_same_outputs,
     call_graph,
     noisy_graph,
@@ -15,7 +15,7 @@ from helpers_graphs import (
     tf1_graph,
     tf1_loaded,
 )
-from helpers_tf import module_saved_model, run
+from support.helpers_tf import module_saved_model, run
 
 from orchestrator.errors import StageError
 from orchestrator.model.artifact import ModelArtifact, TensorSpec

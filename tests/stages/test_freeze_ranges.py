@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import quant_fixtures
-from quant_fixtures import accuracy, agreement, apply, nodes, ops, predict
+from support import quant_fixtures
+from support.quant_fixtures import accuracy, agreement, apply, nodes, ops, predict
 
 from orchestrator.model import tf_adapter
 from orchestrator.model.artifact import ModelArtifact

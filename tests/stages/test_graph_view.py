@@ -10,8 +10,8 @@ from typing import Any
 
 import pydot
 import pytest
-import quant_fixtures
-from quant_fixtures import apply
+from support import quant_fixtures
+from support.quant_fixtures import apply
 
 from orchestrator.model.artifact import ModelArtifact, node_name
 from orchestrator.stages import StageContext, get_stage

@@ -8,8 +8,8 @@ import re
 
 import numpy as np
 import pytest
-import quant_fixtures
-from quant_fixtures import apply, ops
+from support import quant_fixtures
+from support.quant_fixtures import apply, ops
 
 from orchestrator.measure.tf_runtime import GraphRunner
 from orchestrator.model.artifact import ModelArtifact, tensor_name
@@ -149,7 +149,7 @@ def test_fixed_batch_graph_runs_sample_by_sample(cnn_batch1, digits) -> None:  #
 
 
 def test_fixed_batch_of_four_pads_the_last_run(digits_example, digits) -> None:  # noqa: ANN001
-    from quant_fixtures import _frozen
+    from support.quant_fixtures import _frozen
 
     model = _frozen("cnn", str(digits_example), 4)
     eight_bit = apply("quantize_nodes", model).artifact

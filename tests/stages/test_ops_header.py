@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pydantic
 import pytest
-import quant_fixtures
-from helpers_graphs import tf1_graph
-from quant_fixtures import apply
+from support import quant_fixtures
+from support.helpers_graphs import tf1_graph
+from support.quant_fixtures import apply
 
 from orchestrator.model.artifact import ModelArtifact, TensorSpec
 from orchestrator.stages import get_stage

@@ -6,9 +6,9 @@ import os
 
 import numpy as np
 import pytest
-import quant_fixtures
 from pydantic import ValidationError
-from quant_fixtures import accuracy, agreement, apply, freeze, nodes, ops, predict
+from support import quant_fixtures
+from support.quant_fixtures import accuracy, agreement, apply, freeze, nodes, ops, predict
 
 from orchestrator.model.artifact import ModelArtifact, TensorSpec
 from orchestrator.model.graph_rewrite import copy_graph
@@ -422,7 +422,7 @@ def test_conv1d_model_quantizes_and_runs() -> None:
     assert "Mean x1" in warning and "Sigmoid x2" in warning
     int8 = apply("log_ranges", result.artifact, x, samples=64).artifact
     int8 = apply("freeze_ranges", int8).artifact
-    from helpers_tf import run
+    from support.helpers_tf import run
 
     for reference, value in zip(run(model, x), run(int8, x), strict=True):
         assert _sqnr_db(reference, value) > 25.0

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import quant_fixtures
 from pydantic import ValidationError
-from quant_fixtures import agreement, apply, nodes, ops, predict
+from support import quant_fixtures
+from support.quant_fixtures import agreement, apply, nodes, ops, predict
 
 from orchestrator.model.artifact import ModelArtifact, TensorSpec
 from orchestrator.model.graph_rewrite import const_value, copy_graph

@@ -5,8 +5,8 @@ from __future__ import annotations
 import gzip
 
 import numpy as np
-import quant_fixtures
-from quant_fixtures import agreement, apply, predict
+from support import quant_fixtures
+from support.quant_fixtures import agreement, apply, predict
 
 from orchestrator.model.graph_rewrite import const_value, copy_graph
 from orchestrator.quant.ranges import const_elements

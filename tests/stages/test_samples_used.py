@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-import quant_fixtures
-from quant_fixtures import apply
+from support import quant_fixtures
+from support.quant_fixtures import apply
 
 from orchestrator.model.artifact import ModelArtifact
 from orchestrator.results.report import _samples

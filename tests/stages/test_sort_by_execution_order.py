@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from helpers_graphs import assert_same_outputs, noisy_graph, rand
+from support.helpers_graphs import assert_same_outputs, noisy_graph, rand
 
 from orchestrator.model.artifact import ModelArtifact, node_name
 from orchestrator.stages import StageContext, get_stage

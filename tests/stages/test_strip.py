@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers_graphs import assert_same_outputs, noisy_graph, ops, rand, tf1_graph
-from helpers_tf import run
 from pydantic import ValidationError
+from support.helpers_graphs import assert_same_outputs, noisy_graph, ops, rand, tf1_graph
+from support.helpers_tf import run
 
 from orchestrator.errors import StageError
 from orchestrator.model.artifact import ModelArtifact, TensorSpec

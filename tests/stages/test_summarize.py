@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from helpers_graphs import call_graph, noisy_graph, tf1_graph
+from support.helpers_graphs import call_graph, noisy_graph, tf1_graph
 
 from orchestrator.model import graph_info
 from orchestrator.model.artifact import TensorSpec

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from helpers_graphs import assert_same_outputs, noisy_graph, ops, rand
 from pydantic import ValidationError
+from support.helpers_graphs import assert_same_outputs, noisy_graph, ops, rand
 
 from orchestrator.errors import StageError
 from orchestrator.stages import StageContext, get_stage

@@ -1,0 +1,289 @@
+"""One guarded pipeline's search state: its trials, how each is judged, and its decisions.
+
+A trial is the pipeline with a candidate's params (each stage's `Stage.candidate`), so its
+unchanged prefix comes from the cache; it is judged by the pipeline's own quality stages
+(`Stage.judges_quality`) against the recipe's budgets. Candidates are ranked by a
+continuous measure that sees small moves: the lowest over the outputs of the SQNR of their
+logits against float (`min_logit_sqnr_db`); a top-1 agreement or a thresholded figure is
+too coarse to rank trials. A step counts only when it moves that measure towards float by
+more than NOISE_DB.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from orchestrator.engine.node_run import NodeOutcome, RunData
+from orchestrator.engine.plan import Node, Plan, chain_nodes
+from orchestrator.errors import OrchestratorError
+from orchestrator.measure.budgets import (
+    has_quality_budgets,
+    quality_against_budgets,
+    quality_headline,
+    quality_shortfall,
+    quality_violations,
+)
+from orchestrator.quant.knobs import Candidate, Knobs, Layer
+from orchestrator.quant.layer_errors import worst_first
+from orchestrator.spec.models import Tune
+from orchestrator.stages import all_stages, get_stage
+
+# A candidate must move the continuous measure (dB) at least this much to count as better.
+NOISE_DB = 0.05
+# The fallback (no eight-bit op at all) costs more than any mix of layer precisions.
+FALLBACK_COST = 1000
+
+
+def option_names() -> list[str]:
+    """Every whole-stage knob the registered quantizers declare: each trial's settings list
+    them all (None where the recipe's own), so the trials table has the same columns
+    whatever the backend."""
+    names: list[str] = []
+    for stage in all_stages():
+        for alternative in stage.knobs.alternatives if stage.knobs else ():
+            if alternative.option not in names:
+                names.append(alternative.option)
+    return names
+
+
+@dataclass
+class Trial:
+    index: int
+    candidate: Candidate
+    nodes: list[Node]
+    outcomes: dict[str, NodeOutcome]
+    metrics: dict[str, float]
+    violations: list[str]
+    shortfall: float
+    headline: str
+    size_bytes: int | None
+    seconds: float = 0.0
+    failed: bool = False
+    # each quality budget's figure beside its bound ("output_0 SQNR 41.2 dB ≥ 39 dB")
+    against: list[str] = field(default_factory=list)
+    computes_in: str | None = None  # what the file computes in, where the knobs show it
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations and not self.failed
+
+    @property
+    def closeness(self) -> float:
+        """The continuous measure, higher is closer to float: the lowest logit SQNR over
+        the outputs (dB); without it, the fidelity in dB of lost share."""
+        if self.failed:
+            return -math.inf
+        value = self.metrics.get("min_logit_sqnr_db")
+        if value is not None:
+            return float(value)
+        fidelity = self.metrics.get("fidelity")
+        return -math.inf if fidelity is None else -10 * math.log10(max(1 - fidelity, 1e-12))
+
+    @property
+    def cost(self) -> int:
+        """What the candidate's compute costs: its moved layers, the fallback most."""
+        return self.candidate.cost() + (FALLBACK_COST if self.candidate.fallback else 0)
+
+    def better_than(self, other: Trial) -> bool:
+        """Meets the budgets, or is closer to float than `other` by more than noise."""
+        return self.ok or self.closeness > other.closeness + NOISE_DB
+
+    def layer_errors(self) -> list[dict[str, Any]]:
+        """The per-layer rows of the first stage that measured them."""
+        for outcome in self.outcomes.values():
+            if "layer_errors" in outcome.info:
+                return list(outcome.info.get("layer_errors") or [])
+        return []
+
+    def row(self, options: list[str]) -> dict[str, Any]:
+        errors = worst_first(self.layer_errors())
+        closeness = self.closeness
+        return {"trial": self.index, "settings": self.candidate.describe(options),
+                "worst_layer": errors[0]["node"] if errors else None,
+                "accuracy": self.metrics.get("accuracy"),
+                "accuracy_drop": self.metrics.get("accuracy_drop"),
+                "fidelity": self.metrics.get("fidelity"), "quality": self.headline,
+                "budget_figures": list(self.against),
+                "logit_sqnr_db": round(closeness, 3) if math.isfinite(closeness) else None,
+                "shortfall": round(self.shortfall, 6), "size_bytes": self.size_bytes,
+                **({"computes_in": self.computes_in} if self.computes_in else {}),
+                "meets_budgets": self.ok, "violations": self.violations,
+                "seconds": round(self.seconds, 3)}
+
+
+def finite(value: float) -> float | None:
+    return round(value, 3) if math.isfinite(value) else None
+
+
+@dataclass
+class GuardResult:
+    """The pipeline's nodes and outcomes as the guard chose them, its trials table (trial 0
+    is the recipe's own settings), its decisions, and a one-line verdict when the search
+    ended without a full 8-bit candidate that meets the budgets. The caller puts the nodes
+    into its plan."""
+
+    nodes: list[Node]
+    outcomes: dict[str, NodeOutcome]
+    trials: list[dict[str, Any]]
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    verdict: str | None = None
+
+
+class Search:
+    """The state of one pipeline's search: the steered stage's knobs, the layers they move,
+    the trials run and the decisions taken."""
+
+    def __init__(self, name: str, plan: Plan, data: RunData, nodes: list[Node],
+                 steered: Node, submit: Callable[[Node], NodeOutcome], tune: Tune,
+                 on_trial: Callable[[str, dict[str, Any]], Any] | None) -> None:
+        self.name, self.plan, self.data, self.nodes = name, plan, data, nodes
+        self.steered = steered
+        knobs = get_stage(steered.stage).knobs
+        assert knobs is not None
+        self.knobs: Knobs = knobs
+        self.submit, self.tune, self.on_trial = submit, tune, on_trial
+        self.options = option_names()
+        self.trials: list[Trial] = []
+        self.decisions: list[dict[str, Any]] = []
+        self.seen: set[str] = {nodes[-1].key}
+        self.started = time.monotonic()
+        parent = plan.recipe.recipe.pipelines[name].from_
+        self.previous = plan.pipelines[parent][-1].id if parent and plan.pipelines[parent] \
+            else None
+        self.float_key = plan.final_float_key(parent)
+        self.layers: list[Layer] = []
+        self.inputs_of: dict[str, list[str]] = {}  # node -> its data inputs
+        self.prefix = ""  # the scope all layer names share (formatting.shared_scope)
+        self.reserved = 0  # trials kept back for the fallback's answer
+
+    @property
+    def exhausted(self) -> bool:
+        return (len(self.trials) > self.tune.max_trials - self.reserved
+                or time.monotonic() - self.started > self.tune.timeout_s)
+
+    def measure(self, index: int, candidate: Candidate, nodes: list[Node],
+                outcomes: dict[str, NodeOutcome], seconds: float) -> Trial:
+        metrics: dict[str, float] = {}
+        for node in nodes:
+            if get_stage(node.stage).judges_quality:
+                metrics.update(outcomes[node.id].metrics)
+        targets = self.plan.recipe.recipe.targets
+        violations = [f"{t.name}: {v}" for t in targets
+                      for v in quality_violations(metrics, t.budgets)]
+        shortfall = sum(quality_shortfall(metrics, t.budgets) for t in targets)
+        headline = quality_headline(metrics, targets[0].budgets) if targets else ""
+        budgeted = [t for t in targets if has_quality_budgets(t.budgets)]
+        against: list[str] = []
+        for target in budgeted:
+            for figure in quality_against_budgets(metrics, target.budgets):
+                text = f"{target.name}: {figure}" if len(budgeted) > 1 else figure
+                if text not in against:
+                    against.append(text)
+        transforms = [n for n in nodes if n.kind == "transform"]
+        size = (self.data.model_facts(transforms[-1].output_model_key).get("size_bytes")
+                if transforms else None)
+        computes_in = next((o.info.get("computes_in") for o in outcomes.values()
+                            if o.node.stage == self.steered.stage), None) \
+            if self.knobs.shows_compute else None
+        return Trial(index, candidate, nodes, outcomes, metrics, violations, shortfall,
+                     headline, size, seconds, against=against, computes_in=computes_in)
+
+    def best(self) -> Trial:
+        """Of the candidates that meet the budgets, the cheapest compute (the fewest layers
+        out of int8, float counting double), then the smallest; else the one closest to
+        float."""
+        met = [t for t in self.trials if t.ok]
+        if met:
+            return min(met, key=lambda t: (t.cost, t.size_bytes or 0))
+        return max(self.trials, key=lambda t: t.closeness)
+
+    def stages_with(self, candidate: Candidate) -> list[tuple[str, BaseModel]]:
+        """The pipeline's stages with the candidate on top of the recipe's own params; a
+        board measures the chosen model, not each trial."""
+        stages: list[tuple[str, BaseModel]] = []
+        for node in self.nodes:
+            stage = get_stage(node.stage)
+            if stage.per_board:
+                continue
+            params = node.params if stage.candidate is None \
+                else stage.candidate(node.params, candidate)
+            if params is not None:
+                stages.append((node.stage, params))
+        return stages
+
+    def attempt(self, candidate: Candidate, change: str) -> Trial | None:
+        """Run one candidate (None when it is the same as one already tried)."""
+        index = len(self.trials)
+        nodes = chain_nodes(self.name, self.stages_with(candidate),
+                            self.plan.start_keys[self.name], self.previous,
+                            self.plan.fingerprints, trial=index,
+                            base_dir=self.plan.recipe.base_dir, float_model_key=self.float_key)
+        if nodes[-1].key in self.seen:
+            return None
+        self.seen.add(nodes[-1].key)
+        started = time.monotonic()
+        try:
+            outcomes = {n.id: self.submit(n) for n in nodes}
+        except OrchestratorError as exc:  # a candidate that cannot be built is a failed trial
+            trial = Trial(index, candidate, nodes, {}, {}, [f"trial failed: {exc}"],
+                          float("inf"), "failed", None, time.monotonic() - started, failed=True)
+        else:
+            trial = self.measure(index, candidate, nodes, outcomes, time.monotonic() - started)
+        self.trials.append(trial)
+        if self.on_trial is not None:
+            self.report_trial(trial, change)
+        return trial
+
+    def report_trial(self, trial: Trial, change: str) -> None:
+        assert self.on_trial is not None
+        best = self.best()
+        row = trial.row(self.options)
+        # the budgeted figures beside their bounds, then the measure the guard ranks
+        # trials by (a logit SQNR far below an output's budgeted SQNR is no failure)
+        quality = ("; ".join(trial.against) or row["quality"]) + (
+            "" if row["logit_sqnr_db"] is None
+            else f"; ranked by logit SQNR {row['logit_sqnr_db']:.1f} dB")
+        # a trial whose every stage came from the cache ran nothing: the console sums
+        # such trials up in one line (on_guard_end) instead of replaying them
+        cached = bool(trial.outcomes) and all(o.cached for o in trial.outcomes.values())
+        self.on_trial(self.name, {**row, "quality": quality, "metrics": trial.metrics,
+                                  "of": self.tune.max_trials, "change": change,
+                                  "cached": cached,
+                                  "best": f"trial {best.index}: {best.headline}"})
+
+    def decide(self, layers: list[str], action: str, before: Trial, trial: Trial | None,
+               outcome: str) -> None:
+        self.decisions.append({
+            "step": len(self.decisions) + 1, "layers": layers, "action": action,
+            "trial": None if trial is None else trial.index,
+            "quality_before": before.headline,
+            "quality_after": None if trial is None else trial.headline,
+            "logit_sqnr_db_before": finite(before.closeness),
+            "logit_sqnr_db_after": None if trial is None else finite(trial.closeness),
+            "size_after_bytes": None if trial is None else trial.size_bytes,
+            "outcome": outcome})
+
+    def try_variation(self, current: Trial, candidate: Candidate, change: str, action: str
+                      ) -> Trial:
+        """One candidate that is not about layers; the better of it and `current`."""
+        trial = self.attempt(candidate, change)
+        if trial is None:
+            return current
+        better = trial.better_than(current)
+        self.decide([], action, current, trial, "meets budgets" if trial.ok else
+                    "kept: closer to float" if better else "stepped back: no closer")
+        return trial if better else current
+
+    def chosen_rows(self, chosen: Trial) -> list[dict[str, Any]]:
+        return [chosen_row(t.row(self.options), t.index == chosen.index) for t in self.trials]
+
+
+def chosen_row(row: dict[str, Any], chosen: bool = True) -> dict[str, Any]:
+    """A trials-table row with its `chosen` mark: every row has one, a lone trial too."""
+    return {**row, "chosen": chosen}

@@ -1,0 +1,115 @@
+"""The guard's searches on their own (orchestrator/guard/): the bisection for the fewest
+layers that need a wider rung, and the choice among trials that meet the budgets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.guard.bisect import bisect_layers, climb_ladder
+from orchestrator.guard.trials import Search as GuardSearch
+from orchestrator.guard.trials import Trial as GuardTrial
+from orchestrator.quant.knobs import FLOAT, INT16_ACTIVATIONS, Candidate, Layer
+
+LADDER = (INT16_ACTIVATIONS, FLOAT)
+
+
+@dataclass
+class Trial:
+    index: int
+    candidate: Candidate
+    ok: bool
+    size_bytes: int = 100
+
+
+@dataclass
+class Search:
+    """What the searches use of guard.trials.Search: each candidate meets the budget when
+    `meets(candidate)` says so."""
+
+    meets: Any
+    max_trials: int = 16
+    trials: list[Trial] = field(default_factory=list)
+    decisions: list[tuple[Any, ...]] = field(default_factory=list)
+
+    @property
+    def exhausted(self) -> bool:
+        return len(self.trials) >= self.max_trials
+
+    def attempt(self, candidate: Candidate, change: str) -> Trial:
+        trial = Trial(len(self.trials) + 1, candidate, self.meets(candidate))
+        self.trials.append(trial)
+        return trial
+
+    def decide(self, *args: Any) -> None:
+        self.decisions.append(args)
+
+
+def layers(count: int) -> list[Layer]:
+    return [Layer(f"layer{i}", (f"layer{i}",), True) for i in range(count)]
+
+
+def wide(candidate: Candidate) -> set[str]:
+    return set(candidate.nodes_in(INT16_ACTIVATIONS.name))
+
+
+def best(trials: list[Trial]) -> GuardTrial:
+    """guard.trials.Search.best over real trials built from these."""
+    search = GuardSearch.__new__(GuardSearch)
+    search.trials = [GuardTrial(t.index, t.candidate, [], {}, {}, [] if t.ok else ["no"],
+                                0.0, "", t.size_bytes) for t in trials]
+    return search.best()
+
+
+def test_bisection_finds_the_fewest_wide_layers_in_log_trials() -> None:
+    ranked = layers(32)
+    critical = {"layer0", "layer13"}  # ranked 1st and 14th: K = 14 is the answer
+    search = Search(lambda c: critical <= wide(c))
+    climb_ladder(search, Trial(0, Candidate(), False), ranked, LADDER)  # type: ignore[arg-type]
+    first = search.trials[0]
+    assert first.ok and len(wide(first.candidate)) == 32  # every layer first
+    assert wide(best(search.trials).candidate) == {f"layer{i}" for i in range(14)}
+    assert len(search.trials) <= 1 + 5  # all int16, then log2(32) bisection steps
+    assert not any(t.candidate.nodes_in(FLOAT.name) for t in search.trials)
+
+
+def test_the_next_rung_only_where_the_first_everywhere_does_not_hold() -> None:
+    ranked = layers(8)
+    # only taking layer1 to float helps (int16 on it is not enough)
+    search = Search(lambda c: "layer1" in c.nodes_in(FLOAT.name))
+    climb_ladder(search, Trial(0, Candidate(), False), ranked, LADDER)  # type: ignore[arg-type]
+    assert not search.trials[0].ok
+    chosen = best(search.trials).candidate
+    assert set(chosen.nodes_in(FLOAT.name)) == {"layer0", "layer1"}
+    assert wide(chosen) == {f"layer{i}" for i in range(2, 8)}
+
+
+def test_bisection_stops_when_trials_run_out() -> None:
+    search = Search(lambda c: "layer0" in wide(c), max_trials=2)
+    found = bisect_layers(search, layers(64), Candidate(), INT16_ACTIVATIONS,  # type: ignore[arg-type]
+                          Trial(1, Candidate(), True))  # type: ignore[arg-type]
+    assert len(search.trials) == 2 and found is not None
+
+
+def test_the_choice_prefers_integer_then_fewer_layers_then_size() -> None:
+    int8 = Candidate()
+    trials = [Trial(1, int8.with_nodes(["a", "b", "c"], INT16_ACTIVATIONS.name), True, 90),
+              Trial(2, int8.with_nodes(["a"], FLOAT.name), True, 80),
+              Trial(3, int8.with_nodes(["a", "b"], INT16_ACTIVATIONS.name), True, 120),
+              Trial(4, Candidate(fallback=True), True, 10),
+              Trial(5, int8.with_nodes(["a"], INT16_ACTIVATIONS.name), False, 50)]
+    # one float layer costs as much as two int16 ones: a tie with trial 3, broken by size
+    assert best(trials).index == 2
+    # none meets: the closest to float (no metrics here: all equally far; the first)
+    assert best([trials[4]]).index == 5
+
+
+def test_a_candidate_moves_a_node_to_one_precision_and_lists_its_settings() -> None:
+    candidate = Candidate().with_nodes(["b", "a"], INT16_ACTIVATIONS.name)
+    candidate = candidate.with_nodes(["a"], FLOAT.name).with_option("percentile", 99.9)
+    assert candidate.nodes_in(FLOAT.name) == ("a",)
+    assert candidate.nodes_in(INT16_ACTIVATIONS.name) == ("b",)
+    assert candidate.describe(["bias_correction", "percentile"]) == {
+        "weights_only": [], "float": ["a"], "int16_activations": ["b"],
+        "bias_correction": None, "percentile": 99.9}
+    assert Candidate(fallback=True).describe([])["eight_bit_ops"] is False
