@@ -3,9 +3,9 @@ per-layer rows (orchestrator.quant.layer_groups)."""
 
 from __future__ import annotations
 
-from tensorflow.core.framework import graph_pb2, node_def_pb2
-
 from typing import Any
+
+from tensorflow.core.framework import graph_pb2, node_def_pb2
 
 from orchestrator.quant.knobs import Layer
 from orchestrator.quant.layer_groups import grouped_layers, layers_of, rank_layers
