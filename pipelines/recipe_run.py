@@ -280,7 +280,7 @@ class _FlowLogs:
 
     def on_guard_trial(self, pipeline: str, trial: dict[str, Any]) -> None:
         """A guard trial's line in the flow run's logs (the console has its own)."""
-        logging.getLogger("orchestrator.engine.guard").info(
+        logging.getLogger("orchestrator.guard.accuracy_guard").info(
             "%s: guard trial %s/%s: %s: %s; %s", pipeline, trial["trial"], trial["of"],
             trial["change"], trial["quality"],
             "meets budgets" if trial["meets_budgets"] else f"best so far {trial['best']}",

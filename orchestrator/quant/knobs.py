@@ -14,6 +14,14 @@ A quantizing stage's `Stage.knobs` says what it may move:
 Every stage (the quantizer and the stages around it: its weights, its ranges) says in
 `Stage.candidate` how a `Candidate` changes its own params. A new quantization method is
 then one stage module: its Params, its run, and these declarations.
+
+The guard ranks layers by the per-layer rows a stage puts in its result's
+`info["layer_errors"]`: each row has `node` (the op, as `Layer.nodes` names it), `op` and
+`nmse` (the MSE against float over float's mean square, all earlier layers included);
+optional: `rmse_over_scale` (the error in quantization steps: the report flags rows above
+0.7 and sorts by it), `clipped_share` (values outside the range: range percentiles are
+tried when it is high), `inputs` (the ops it reads, to rank by the error a layer adds),
+`added_nmse`, `sqnr_db`. report.json, its page and MLflow show whichever are there.
 """
 
 from __future__ import annotations
@@ -166,13 +174,14 @@ class Knobs:
     shows_compute: trials list what the file computes in (its info's `computes_in`).
     """
 
-    steers: Callable[[Any], bool]
-    guarded: Callable[[Any], bool]
     layers: Callable[[LayerSource], FoundLayers]
     ladder: tuple[Precision, ...]
     kernels: str
     guard_setting: str
     fallback: Fallback
+    steers: Callable[[Any], bool] = lambda params: True
+    # a quantizing stage's params carry `guard: bool` (the recipe's `{guard: true}`)
+    guarded: Callable[[Any], bool] = lambda params: bool(getattr(params, "guard", False))
     search: Search = "revert"
     needs: Mapping[str, str] = field(default_factory=dict)
     weights_only: frozenset[str] = frozenset({WEIGHTS_ONLY.name})

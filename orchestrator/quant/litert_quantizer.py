@@ -28,6 +28,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from orchestrator.quant.knobs import Fallback
+
 # The quantizer's recipe names (ai_edge_quantizer.recipe), plus `float` for "leave out".
 Scheme = Literal["static_wi8_ai8", "static_wi8_ai16", "dynamic_wi8_afp32",
                  "dynamic_wi4_afp32", "weight_only_wi8_afp32", "weight_only_wi4_afp32",
@@ -44,9 +46,12 @@ SCHEME_DOCS = {
 STATIC = ("static_wi8_ai8", "static_wi8_ai16")
 # The schemes the accuracy guard moves a layer to, and the whole-model fallback.
 WIDE_SCHEME, FLOAT_SCHEME, DYNAMIC_SCHEME = "static_wi8_ai16", "float", "dynamic_wi8_afp32"
-# The whole-model fallback on the LiteRT path, whichever stage made the int8 file: the
-# guard's `Fallback` (orchestrator.quant.knobs) for convert_tflite and quantize_tflite.
-DYNAMIC_RANGE_WORDS = "LiteRT dynamic range (int8 weights, float activations)"
+# The guard's whole-model fallback on the LiteRT path, whichever stage made the int8 file
+# (convert_tflite's int8 mode, quantize_tflite): dynamic range.
+DYNAMIC_RANGE_FALLBACK = Fallback(
+    "LiteRT dynamic range (int8 weights, float activations)",
+    "LiteRT dynamic range (int8 weights, float activations)", "8-bit LiteRT variant",
+    change="every layer -> weights-only 8-bit (dynamic range)")
 FLOAT32, INT16 = 0, 7  # schema TensorType
 
 

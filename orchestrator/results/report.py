@@ -351,11 +351,12 @@ def ship_lines(report: Mapping[str, Any], out_dir: Path) -> dict[str, str]:
 def _guard_setting(stages: list[str]) -> str:
     """The recipe line that turns the guard on for a variant: its last quantizing stage's
     (the one whose model it ships), else the first registered quantizer's."""
-    from orchestrator.stages import all_stages, get_stage
+    from orchestrator.stages import all_stages
 
-    own = [get_stage(name).knobs for name in stages if get_stage(name).knobs is not None]
-    anywhere = [stage.knobs for stage in all_stages() if stage.knobs is not None]
-    return (own or anywhere)[-1 if own else 0].guard_setting  # type: ignore[union-attr]
+    # a report read back (`gate`) may name a stage this process does not know: none of those
+    knobs = {stage.name: stage.knobs for stage in all_stages() if stage.knobs is not None}
+    own = [knobs[name] for name in stages if name in knobs]
+    return own[-1].guard_setting if own else next(iter(knobs.values())).guard_setting
 
 
 def advice(report: Mapping[str, Any]) -> list[tuple[str, str]]:

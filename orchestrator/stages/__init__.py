@@ -63,7 +63,10 @@ def get_stage(name: str) -> Stage:
 
 
 def all_stages() -> list[Stage]:
-    return [get_stage(name) for name in STAGE_MODULES]
+    """Every stage: the listed modules' in their order, then any registered otherwise (a
+    plug-in registered by its own code)."""
+    listed = [get_stage(name) for name in STAGE_MODULES]
+    return listed + [stage for name, stage in _REGISTRY.items() if name not in STAGE_MODULES]
 
 
 def suggest(name: str) -> str:

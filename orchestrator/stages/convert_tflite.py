@@ -27,7 +27,7 @@ import re
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from pydantic import Field
@@ -37,16 +37,8 @@ from orchestrator.limits import bounded
 from orchestrator.model import litert_precision, tflite_bytes
 from orchestrator.model.artifact import ModelArtifact
 from orchestrator.model.native_output import native_output_held
-from orchestrator.quant.knobs import (
-    FLOAT,
-    Candidate,
-    Fallback,
-    FoundLayers,
-    Knobs,
-    LayerSource,
-    with_params,
-)
-from orchestrator.quant.litert_quantizer import DYNAMIC_RANGE_WORDS
+from orchestrator.quant.knobs import FLOAT, FoundLayers, Knobs, with_params
+from orchestrator.quant.litert_quantizer import DYNAMIC_RANGE_FALLBACK
 from orchestrator.stages import register
 from orchestrator.stages.base import (
     Stage,
@@ -55,6 +47,9 @@ from orchestrator.stages.base import (
     StageResult,
     counting_samples,
 )
+
+if TYPE_CHECKING:
+    from orchestrator.quant.knobs import Candidate, LayerSource
 
 # A layer's own error above this many quantization steps (RMSE/scale) is flagged, as
 # freeze_ranges flags GraphDef layers; rounding alone gives 1/sqrt(12) = 0.29.
@@ -505,13 +500,11 @@ def _layers(source: LayerSource) -> FoundLayers:
 # int8 mode: each op the debugger measured, worst first, back to float through float_nodes
 KNOBS = Knobs(
     steers=lambda params: params.mode == "int8",
-    guarded=lambda params: params.guard,
     layers=_layers,
     ladder=(FLOAT,),
     kernels="LiteRT's int8 model",
     guard_setting="convert_tflite: {mode: int8, guard: true}",
-    fallback=Fallback(DYNAMIC_RANGE_WORDS, DYNAMIC_RANGE_WORDS, "8-bit LiteRT variant",
-                      change="every layer -> weights-only 8-bit (dynamic range)"))
+    fallback=DYNAMIC_RANGE_FALLBACK)
 
 STAGE = register(Stage(name="convert_tflite", run=run, params=Params, doc=__doc__ or "",
                        optional_data=("representative",), produces="tflite",

@@ -194,7 +194,8 @@ def _warnings(params: Params, result: dict[str, Any]) -> list[str]:
 
 register(Stage(name="measure_on_device", run=run, params=Params,
                doc="Latency, load time, memory and outputs of the shipped file on the target's "
-                   "board (`connect:`): its fidelity to the source model, accuracy, and "
-                   "agreement with this host's outputs.",
+                   "own board (`connect:`): its fidelity to the source model and accuracy, as "
+                   "`evaluate` judges them, and its agreement with this host's outputs; added "
+                   "to every pipeline for each connected target.",
                kind="measure", accepts=ANY_KIND, optional_data=("evaluation",),
                variant_metrics=True, per_board=True))

@@ -419,8 +419,6 @@ def _clipping_percentiles(_params: Params, tune: Tune, errors: list[dict]) -> tu
 CLIPPING_WORTH_PERCENTILES = 0.01
 BIAS_CORRECTION = "bias_correction"
 KNOBS = Knobs(
-    steers=lambda params: True,
-    guarded=lambda params: params.guard,
     layers=_layers,
     # weights-only keeps most of the size gain; it needs the stage that makes 8-bit weights
     ladder=(WEIGHTS_ONLY, FLOAT),

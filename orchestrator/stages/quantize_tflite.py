@@ -21,25 +21,16 @@ float): that decides whether a DSP or an NPU can run it.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator
 
 from orchestrator.errors import DataError, ModelSourceError
 from orchestrator.limits import bounded
 from orchestrator.model.artifact import ModelArtifact
-from orchestrator.quant.knobs import (
-    FLOAT,
-    INT16_ACTIVATIONS,
-    Candidate,
-    Fallback,
-    FoundLayers,
-    Knobs,
-    LayerSource,
-    with_params,
-)
+from orchestrator.quant.knobs import FLOAT, INT16_ACTIVATIONS, FoundLayers, Knobs, with_params
 from orchestrator.quant.litert_quantizer import (
-    DYNAMIC_RANGE_WORDS,
+    DYNAMIC_RANGE_FALLBACK,
     DYNAMIC_SCHEME,
     FLOAT_SCHEME,
     SCHEME_DOCS,
@@ -56,6 +47,9 @@ from orchestrator.stages.base import (
     StageResult,
     counting_samples,
 )
+
+if TYPE_CHECKING:
+    from orchestrator.quant.knobs import Candidate, LayerSource
 
 # A layer above this many quantization steps of error at its output is flagged (as
 # convert_tflite flags the debugger's figures).
@@ -261,16 +255,13 @@ def _layers(source: LayerSource) -> FoundLayers:
 # keep the int8 weights and integer compute: every layer a16w8, then bisect the fewest that
 # need it (orchestrator/guard/bisect.py).
 KNOBS = Knobs(
-    steers=lambda params: True,
-    guarded=lambda params: params.guard,
     layers=_layers,
     ladder=(INT16_ACTIVATIONS, FLOAT),
     search="bisect",
     kernels="an integer LiteRT file (int8, int16 activations where needed, float only "
             "where neither held)",
     guard_setting="quantize_tflite: {guard: true}",
-    fallback=Fallback(DYNAMIC_RANGE_WORDS, DYNAMIC_RANGE_WORDS, "8-bit LiteRT variant",
-                      change="every layer -> weights-only 8-bit (dynamic range)"),
+    fallback=DYNAMIC_RANGE_FALLBACK,
     shows_compute=True)
 
 STAGE = register(Stage(name="quantize_tflite", run=run, params=Params, doc=__doc__ or "",

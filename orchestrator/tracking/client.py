@@ -24,6 +24,7 @@ from orchestrator.cache.project import project_root
 from orchestrator.cache.project import tracking_uri as project_tracking_uri
 from orchestrator.errors import OrchestratorError
 from orchestrator.redaction import is_secret_key, redact, redacted
+from orchestrator.stages import get_stage
 from orchestrator.tracking.common import PROBE_ENV
 from orchestrator.tracking.worker import numeric_values
 
@@ -172,7 +173,9 @@ class TrackingClient:
         node = outcome.node
         if node.trial is not None:
             return  # guard trials are logged to their own nested runs (log_trial)
+        # the worker is a process of its own: what it needs of the stage travels here
         self._send({"op": "node_end", "pipeline": node.pipeline, "stage": node.stage,
+                    "variant_metrics": get_stage(node.stage).variant_metrics,
                     "index": node.index, "time_ms": int(time.time() * 1000),
                     "metrics": numeric_values(outcome.metrics), "seconds": outcome.seconds})
 

@@ -48,7 +48,6 @@ from typing import Any
 from orchestrator.cache.project import local_tracking_folder
 from orchestrator.engine.run_names import distinct_name, git_commit, run_name
 from orchestrator.redaction import SECRET_WORDS, is_secret_key, redact, redacted
-from orchestrator.stages import get_stage
 from orchestrator.tracking.common import (
     HTTP_DEFAULTS,
     KEY_METRICS_VIEW,
@@ -389,7 +388,7 @@ class MlflowLogger:
         # a measuring stage's metrics are the pipeline's own (unprefixed, as the report has
         # them; a board's are `device_<figure>.<target>` already); the others are prefixed
         # with their stage (`<stage>.<metric>`)
-        prefix = "" if get_stage(stage).variant_metrics else f"{stage}."
+        prefix = "" if message.get("variant_metrics") else f"{stage}."
         metrics = {f"{prefix}{k}": v for k, v in numeric_values(message["metrics"]).items()}
         self._log(run_id, metrics=metrics, step=message["index"], time_ms=message["time_ms"])
 

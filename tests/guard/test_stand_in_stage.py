@@ -128,9 +128,13 @@ def test_the_guard_searches_a_stage_it_has_never_heard_of(
     recipe = workspace / "stand_in.yaml"
     recipe.write_text(RECIPE)
     monkeypatch.chdir(workspace)
-    with contextlib.redirect_stdout(io.StringIO()):
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
         code = main(["run", str(recipe), "--output", str(workspace / "out")])
     report = json.loads((workspace / "out" / "report.json").read_text())
+    # its rows carry only what the guard needs (node, op, nmse): the page shows them anyway
+    assert "not written" not in printed.getvalue(), printed.getvalue()
+    page = (workspace / "out" / "report.html").read_text()
     variant = report["variants"]["coarse"]
     trials = variant["trials"]
     assert code == 0, variant.get("warnings")
@@ -143,8 +147,10 @@ def test_the_guard_searches_a_stage_it_has_never_heard_of(
     assert chosen[0]["settings"]["float"] or chosen[0]["settings"]["levels"] == 16
     weights = {r["node"] for r in variant["layer_errors"]}  # the chosen file's coarse ones
     assert not weights & set(chosen[0]["settings"]["float"])
-    # every trial's settings list the stand-in's own knob beside the others
+    # every trial's settings list the stand-in's own knob beside the others, and the page too
     assert all("levels" in t["settings"] for t in trials)
+    if chosen[0]["settings"]["levels"] is not None:
+        assert f"levels: {chosen[0]['settings']['levels']}" in page
     assert variant["accuracy_drop"] == chosen[0]["accuracy_drop"]
     assert [d["trial"] for d in variant["guard_decisions"]] == [
         t["trial"] for t in trials[1:]]
