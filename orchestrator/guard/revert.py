@@ -109,4 +109,5 @@ def _rung_for(search: Search, layer: Layer, rung: Precision, rungs: tuple[Precis
     that is not."""
     if layer.has_weights or rung.name not in search.knobs.weights_only:
         return rung
-    return next(r for r in rungs[rungs.index(rung):] if r.name not in search.knobs.weights_only)
+    return next((r for r in rungs[rungs.index(rung):]
+                 if r.name not in search.knobs.weights_only), rung)

@@ -197,6 +197,9 @@ def test_the_litert_quantizers_guard_keeps_integer_compute(audio_run: dict) -> N
     # the layers it moved are the ones the quantizer measured (its per-tensor errors)
     assert set(chosen["settings"]["int16_activations"]) <= {
         row["node"] for row in litert["layer_errors"]}
+    # every trial names its worst layer from the quantizer's own rows (the pipeline's
+    # convert_tflite, before it, measures none)
+    assert all(t["worst_layer"] for t in litert["trials"])
     data = (audio_run["out"] / "litert" / "model.tflite").read_bytes()
     model = flatbuffer_utils.convert_bytearray_to_object(bytearray(data))
     [subgraph] = model.subgraphs
