@@ -158,8 +158,10 @@ class Channel:
                 raise HelperTimeout(f"no answer in {_since(deadline)}")
         try:
             chunk = os.read(fd, _CHUNK)
-        except ConnectionError:
+        except ConnectionError:  # the other end went away: the stream ended
             chunk = b""
+        except OSError as exc:
+            raise HelperEnded(f"reading from it failed: {exc}") from exc
         self._pending += chunk
         return bool(chunk)
 
@@ -239,8 +241,9 @@ def kill(process: Process, reap_timeout: float | None = REAP_TIMEOUT_S) -> None:
             return
         try:
             os.killpg(process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        except (ProcessLookupError, PermissionError):  # no group of its own: itself
+            with contextlib.suppress(OSError):
+                process.kill()
     elif process.poll() is None:
         process.kill()
     with contextlib.suppress(subprocess.TimeoutExpired):

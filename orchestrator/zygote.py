@@ -121,12 +121,11 @@ class ForkedProcess:
             self._pidfd = None
 
 
-def fork_module(module: str, env: Mapping[str, str], text: bool = True,
-                stderr: int = 2) -> ForkedProcess | None:
+def fork_module(module: str, env: Mapping[str, str], stderr: int = 2) -> ForkedProcess | None:
     """`python -m MODULE` (one of HELPERS) forked by the zygote this process's environment
-    names (SOCKET_ENV), with `env`, this process's working directory, pipes to its stdin and
-    stdout (text or bytes) and `stderr` (a file descriptor); None when no zygote is named
-    or none answers there (the caller starts the helper itself)."""
+    names (SOCKET_ENV), with `env`, this process's working directory, pipes (bytes) to its
+    stdin and stdout and `stderr` (a file descriptor); None when no zygote is named or none
+    answers there (the caller starts the helper itself)."""
     address = os.environ.get(SOCKET_ENV)
     if not address:
         return None
@@ -138,9 +137,10 @@ def fork_module(module: str, env: Mapping[str, str], text: bool = True,
         request = json.dumps({"module": module, "env": dict(env),
                               "cwd": os.getcwd()}).encode() + b"\n"
         socket.send_fds(connection, [request], [to_helper[0], from_helper[1], stderr])
-        answer = connection.makefile("rb").readline()
+        answer = helper_process.Channel(connection).read_line(
+            helper_process.deadline_in(ANSWER_TIMEOUT_S))
         pid = int(json.loads(answer)["pid"])
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, helper_process.HelperError):
         connection.close()
         os.close(to_helper[1])  # ours; the helper's ends are closed just below, once
         os.close(from_helper[0])
@@ -150,11 +150,7 @@ def fork_module(module: str, env: Mapping[str, str], text: bool = True,
             os.close(to_helper[0])
             os.close(from_helper[1])
     connection.settimeout(None)
-    if text:
-        stdin: IO[Any] = os.fdopen(to_helper[1], "w", encoding="utf-8")
-        stdout: IO[Any] = os.fdopen(from_helper[0], "r", encoding="utf-8")
-    else:
-        stdin, stdout = os.fdopen(to_helper[1], "wb"), os.fdopen(from_helper[0], "rb")
+    stdin, stdout = os.fdopen(to_helper[1], "wb"), os.fdopen(from_helper[0], "rb")
     return ForkedProcess(connection, pid, stdin, stdout, module)
 
 
@@ -163,7 +159,7 @@ def start_module(module: str, env: Mapping[str, str], stderr: int = 2
     """`python -m MODULE` (one of HELPERS) as a run's helper, with pipes (bytes) to its
     stdin and stdout: forked by the zygote where one answers (fork_module), else started
     in a process group of its own (helper_process.start), `stderr` a file descriptor."""
-    forked = fork_module(module, env, text=False, stderr=stderr)
+    forked = fork_module(module, env, stderr=stderr)
     if forked is not None:
         return forked
     return helper_process.start([sys.executable, "-m", module], env=env, stderr=stderr)

@@ -80,7 +80,7 @@ class PlanResult:
     chosen trial in place of its first run), and the guard's result per guarded pipeline."""
 
     outcomes: dict[str, NodeOutcome]
-    guarded: dict[str, Any] = field(default_factory=dict)  # pipeline -> what the guard gave
+    guarded: dict[str, GuardedPipeline] = field(default_factory=dict)
 
 
 def run_plan(plan: Plan, data: RunData, worker: Worker, notify: Notify, *,

@@ -155,7 +155,7 @@ class FoundLayers:
     ranking_rows: list[dict[str, Any]] | None = None
 
 
-Search = Literal["revert", "bisect"]
+SearchKind = Literal["revert", "bisect"]
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,7 @@ class Knobs:
     steers: Callable[[Any], bool] = lambda params: True
     # a quantizing stage's params carry `guard: bool` (the recipe's `{guard: true}`)
     guarded: Callable[[Any], bool] = lambda params: bool(getattr(params, "guard", False))
-    search: Search = "revert"
+    search: SearchKind = "revert"
     needs: Mapping[str, str] = field(default_factory=dict)
     weights_only: frozenset[str] = frozenset({WEIGHTS_ONLY.name})
     alternatives: tuple[Alternative, ...] = ()

@@ -24,7 +24,6 @@ from orchestrator.cache.project import project_root
 from orchestrator.cache.project import tracking_uri as project_tracking_uri
 from orchestrator.errors import OrchestratorError
 from orchestrator.redaction import is_secret_key, redact, redacted
-from orchestrator.stages import get_stage
 from orchestrator.tracking.common import PROBE_ENV
 from orchestrator.tracking.worker import numeric_values
 
@@ -170,6 +169,8 @@ class TrackingClient:
         return self._run_id
 
     def on_node_end(self, outcome: NodeOutcome) -> None:
+        from orchestrator.stages import get_stage  # (the registry: not on the client's start)
+
         node = outcome.node
         if node.trial is not None:
             return  # guard trials are logged to their own nested runs (log_trial)

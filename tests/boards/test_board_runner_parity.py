@@ -69,3 +69,11 @@ def test_the_board_orders_a_files_outputs_as_the_host_does(
     # the cases differ (else the comparison would prove little): the signature reorders
     assert orders["signed"] == orders["rotated"] == [5, 11, 4]
     assert orders["scrambled"] == [11, 4, 5]
+
+
+def test_the_board_frames_its_messages_as_the_helper_protocol_reads_them() -> None:
+    """Its own copy of the frame header (it imports nothing of orchestrator)."""
+    from orchestrator import helper_process
+
+    assert board_runner.FRAME.format == helper_process.FRAME.format
+    assert board_runner.FRAME.pack(1234) == helper_process.FRAME.pack(1234)
