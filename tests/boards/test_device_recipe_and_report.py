@@ -248,6 +248,7 @@ def test_mlflow_logs_the_boards_fidelity_and_its_agreement_with_the_host_apart(
     run_id = logger.client.create_run(experiment).info.run_id
     logger.pipeline_runs["lite"] = run_id
     logger.node_end({"pipeline": "lite", "stage": "measure_on_device", "index": 3,
+                     "variant_metrics": True,  # as the client sends it: the stage's field
                      "time_ms": 1, "metrics": metrics})
     lite = {**variant(0.5, 0.96, measured), "metrics": metrics}
     logger.finish({"report": {"variants": {"lite": lite}}})
