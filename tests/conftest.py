@@ -292,6 +292,7 @@ LONGEST_FIRST = (
     "results/test_plots.py",
     "e2e/test_mini_xception.py",
     "e2e/test_loading_doc.py",
+    "guard/test_stand_in_stage.py",
     "e2e/test_dask.py",
     "robustness/test_dask_faults.py",
     "e2e/test_retrain_to_deploy.py",
