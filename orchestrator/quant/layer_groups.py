@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.model.artifact import node_name
+from orchestrator.model.graph_rewrite import data_inputs
 from orchestrator.quant.knobs import Layer
 from orchestrator.quant.ranges import WEIGHT_OPS
 
@@ -41,7 +43,7 @@ def layers_of(graph: GraphDef, convertible: set[str]) -> list[Layer]:
     consumers: dict[str, list[str]] = {}
     for node in graph.node:
         for inp in node.input:
-            consumers.setdefault(inp.split(":")[0].lstrip("^"), []).append(node.name)
+            consumers.setdefault(node_name(inp), []).append(node.name)
     ops = {n.name: n.op for n in graph.node}
     taken: set[str] = set()
     layers = []
@@ -65,10 +67,9 @@ def layers_of(graph: GraphDef, convertible: set[str]) -> list[Layer]:
     return layers
 
 
-def data_inputs(graph: GraphDef) -> dict[str, list[str]]:
-    """Each node's data inputs (control inputs left out), by node name."""
-    return {n.name: [i.split(":")[0] for i in n.input if not i.startswith("^")]
-            for n in graph.node}
+def inputs_by_node(graph: GraphDef) -> dict[str, list[str]]:
+    """Each node's data inputs, as node names (control inputs left out)."""
+    return {n.name: [node_name(i) for i in data_inputs(n)] for n in graph.node}
 
 
 def litert_layers(rows: list[dict[str, Any]]) -> list[Layer]:

@@ -383,14 +383,14 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
 def _layers(source: LayerSource) -> FoundLayers:
     """The ops this entry converts (its `ops`, less `exclude_nodes` and the nodes it left
     float for their kernels), as layers of the float graph it was given."""
-    from orchestrator.quant.layer_groups import data_inputs, layers_of
+    from orchestrator.quant.layer_groups import inputs_by_node, layers_of
 
     graph = source.input_model().graph_def
     allowed = source.params.ops or q.QUANTIZABLE_OPS
     excluded = set(source.params.exclude_nodes)
     excluded |= {row["node"] for row in source.info.get("float_nodes") or []}
     convertible = {n.name for n in graph.node if n.op in allowed and n.name not in excluded}
-    return FoundLayers(layers_of(graph, convertible), data_inputs(graph))
+    return FoundLayers(layers_of(graph, convertible), inputs_by_node(graph))
 
 
 def _candidate(params: Params, candidate: Candidate) -> Params | None:
