@@ -173,7 +173,13 @@ def test_a_runner_that_dies_mid_measurement_is_device_lost(session: BoardSession
                                                            tmp_path: Path) -> None:
     artifact, inputs = tflite_model(tmp_path)
     pid = _runner_pid(session)
-    threading.Timer(0.3, lambda: os.kill(pid, signal.SIGKILL)).start()
+
+    def kill_once_measuring() -> None:  # not after a fixed delay: a fast host finishes first
+        while not session.busy:
+            time.sleep(0.001)
+        os.kill(pid, signal.SIGKILL)
+
+    threading.Thread(target=kill_once_measuring, daemon=True).start()
     started = time.monotonic()
     with pytest.raises(DeviceLost) as caught:
         measurement.measure(session, artifact, None, inputs, [1], warmup=5, runs=100_000,
