@@ -96,6 +96,8 @@ BOUNDS: dict[str, Bound] = {
     "profile_runs": Bound(0, 10_000, "each traced run records every op: past a few hundred "
                           "the profile no longer changes, only its cost"),
     "samples": Bound(1, 1_000_000, _SAMPLES_WHY),
+    "train_steps": Bound(1, 100_000, "fine-tuning a small model settles within a few "
+                         "thousand steps; 100000 take hours on a host"),
     "diagnostic_samples": Bound(0, 1_000_000, _SAMPLES_WHY),
     "batch": Bound(1, 4096, _BATCH_WHY),
     "trials": Bound(1, 1000, "each trial quantizes and evaluates the model again: a "

@@ -103,13 +103,20 @@ def guard_pipeline(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, 
     fallback_possible = knobs.fallback.needs in (None, *in_pipeline)
     search.reserved = 1 if fallback_possible else 0
     rungs = knobs.rungs(in_pipeline)
-    if knobs.search == "bisect":
-        rows = baseline.layer_errors() if found.ranking_rows is None else found.ranking_rows
-        climb_ladder(search, baseline, rank_layers(rows, search.layers, set(),
-                                                   search.inputs_of), rungs)
-    else:
-        revert_layers(search, baseline, rungs)
+    # int8 methods first where int16 activations would run on a CPU's reference kernels
+    methods_first = search.unit == "cpu"
+    start = _try_methods(search, baseline) if methods_first else baseline
+    if not start.ok:
+        if knobs.search == "bisect":
+            rows = found.ranking_rows if start is baseline and found.ranking_rows is not None \
+                else start.layer_errors()
+            climb_ladder(search, start, rank_layers(rows, search.layers, set(),
+                                                    search.inputs_of), rungs)
+        else:
+            revert_layers(search, start, rungs)
     best = search.best()
+    if not methods_first and not best.ok:
+        best = _try_methods(search, best)
     for alternative in knobs.alternatives:  # when moving layers alone did not do it
         if best.ok:
             break
@@ -122,6 +129,19 @@ def guard_pipeline(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, 
                 alternative.change(value), alternative.action(value))
         best = current
     return _conclude(search, search.best(), tune, fallback_possible)
+
+
+def _try_methods(search: Search, start: Trial) -> Trial:
+    """The stage's int8 methods, cheapest to find first, each on top of `start`'s
+    candidate: the first that meets the budgets, else the closest to float of them and
+    `start`."""
+    current = start
+    for method in search.knobs.methods:
+        if search.exhausted or current.ok:
+            break
+        current = search.try_variation(current, start.candidate.with_options(method.options),
+                                       method.change, method.name)
+    return current
 
 
 def _conclude(search: Search, best: Trial, tune: Tune, fallback_possible: bool
@@ -138,7 +158,7 @@ def _conclude(search: Search, best: Trial, tune: Tune, fallback_possible: bool
                            fallback_possible)
         best = search.best()
     return GuardResult(best.nodes, best.outcomes, search.chosen_rows(best), search.decisions,
-                       verdict)
+                       verdict, search.why_chosen(best))
 
 
 def _try_fallback(search: Search, best: Trial) -> Trial | None:

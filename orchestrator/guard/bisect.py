@@ -51,7 +51,7 @@ def climb_ladder(search: Search, baseline: Trial, ranked: list[Layer],
     """Steps 1-3 of the module's docstring (the caller adds the fallback and picks the
     chosen trial)."""
     everything = [n for layer in ranked for n in layer.nodes]
-    base, previous = Candidate(), baseline
+    base, previous = baseline.candidate, baseline
     for index, rung in enumerate(rungs):
         if index == len(rungs) - 1:  # every layer up here is the float model: not run
             if not search.exhausted:

@@ -11,6 +11,7 @@ more than NOISE_DB.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from orchestrator.measure.budgets import (
 )
 from orchestrator.quant.knobs import Candidate, Knobs, Layer
 from orchestrator.quant.layer_errors import worst_first
+from orchestrator.spec.devices import resolve_device
 from orchestrator.spec.models import Tune
 from orchestrator.stages import all_stages, get_stage
 
@@ -38,6 +40,8 @@ from orchestrator.stages import all_stages, get_stage
 NOISE_DB = 0.05
 # The fallback (no eight-bit op at all) costs more than any mix of layer precisions.
 FALLBACK_COST = 1000
+# Two trials' latencies closer than this ratio are the same speed (host timings' noise).
+LATENCY_NOISE = 1.1
 
 
 def option_names() -> list[str]:
@@ -46,9 +50,11 @@ def option_names() -> list[str]:
     whatever the backend."""
     names: list[str] = []
     for stage in all_stages():
-        for alternative in stage.knobs.alternatives if stage.knobs else ():
-            if alternative.option not in names:
-                names.append(alternative.option)
+        knobs = stage.knobs
+        declared = [] if knobs is None else [
+            *(a.option for a in knobs.alternatives),
+            *(option for method in knobs.methods for option, _ in method.options)]
+        names += [name for name in dict.fromkeys(declared) if name not in names]
     return names
 
 
@@ -85,10 +91,20 @@ class Trial:
         fidelity = self.metrics.get("fidelity")
         return -math.inf if fidelity is None else -10 * math.log10(max(1 - fidelity, 1e-12))
 
-    @property
-    def cost(self) -> int:
-        """What the candidate's compute costs: its moved layers, the fallback most."""
-        return self.candidate.cost() + (FALLBACK_COST if self.candidate.fallback else 0)
+    def cost(self, unit: str = "cpu") -> int:
+        """What the candidate's compute costs on `unit`: its moved layers, the fallback
+        most."""
+        return self.candidate.cost(unit) + (FALLBACK_COST if self.candidate.fallback else 0)
+
+    def latency_ms(self, target: str) -> float | None:
+        """The trial's latency on `target`: the benchmark's estimate for it, else this
+        host's p50 (None when the pipeline has no benchmark)."""
+        for outcome in self.outcomes.values():
+            value = outcome.metrics.get(f"est_latency_ms.{target}")
+            if value is not None:
+                return float(value)
+        return next((float(o.metrics["latency_p50_ms"]) for o in self.outcomes.values()
+                     if "latency_p50_ms" in o.metrics), None)
 
     def better_than(self, other: Trial) -> bool:
         """Meets the budgets, or is closer to float than `other` by more than noise."""
@@ -133,6 +149,7 @@ class GuardResult:
     trials: list[dict[str, Any]]
     decisions: list[dict[str, Any]] = field(default_factory=list)
     verdict: str | None = None
+    why: str = ""  # why the chosen trial ships, where several met the budgets
 
 
 class Search:
@@ -161,6 +178,11 @@ class Search:
         self.inputs_of: dict[str, list[str]] = {}  # node -> its data inputs
         self.prefix = ""  # the scope all layer names share (formatting.shared_scope)
         self.reserved = 0  # trials kept back for the fallback's answer
+        targets = plan.recipe.recipe.targets
+        # what prices a precision: a CPU unless every target runs a16w8 natively
+        units = {resolve_device(t.device).compute_unit for t in targets}
+        self.unit = "cpu" if "cpu" in units or not units else units.pop()
+        self.target = targets[0].name if targets else ""
 
     @property
     def exhausted(self) -> bool:
@@ -195,13 +217,37 @@ class Search:
                      headline, size, seconds, against=against, computes_in=computes_in)
 
     def best(self) -> Trial:
-        """Of the candidates that meet the budgets, the cheapest compute (the fewest layers
-        out of int8, float counting double), then the smallest; else the one closest to
-        float."""
+        """Of the candidates that meet the budgets, the cheapest compute on the target's
+        unit (the fewest layers out of int8, priced by `Precision.cost`), then the fastest
+        on the first target where latencies differ by more than noise, then the smallest;
+        else the one closest to float."""
         met = [t for t in self.trials if t.ok]
         if met:
-            return min(met, key=lambda t: (t.cost, t.size_bytes or 0))
+            return min(met, key=functools.cmp_to_key(self._faster))
         return max(self.trials, key=lambda t: t.closeness)
+
+    def _faster(self, one: Trial, other: Trial) -> int:
+        """-1 when `one` ships before `other` (best's order)."""
+        if one.cost(self.unit) != other.cost(self.unit):
+            return -1 if one.cost(self.unit) < other.cost(self.unit) else 1
+        mine, theirs = one.latency_ms(self.target), other.latency_ms(self.target)
+        if mine and theirs and max(mine, theirs) > LATENCY_NOISE * min(mine, theirs):
+            return -1 if mine < theirs else 1
+        return -1 if (one.size_bytes or 0, one.index) < (other.size_bytes or 0, other.index) \
+            else 1
+
+    def why_chosen(self, chosen: Trial) -> str:
+        """Why the chosen trial ships, in one line: what it computes in and what it beat."""
+        met = [t for t in self.trials if t.ok]
+        if not chosen.ok or len(met) < 2:
+            return ""
+        latency = chosen.latency_ms(self.target)
+        where = f", {latency:.3g} ms on {self.target}" if latency else ""
+        unit = "an a16w8 accelerator" if self.unit != "cpu" else "a CPU"
+        return (f"trial {chosen.index} ships: of the {len(met)} trials that meet the "
+                f"budgets, the cheapest compute on {unit} (int16 activations run on "
+                f"reference kernels there{'' if self.unit == 'cpu' else ': not here'}), "
+                f"then the fastest{where}, then the smallest")
 
     def stages_with(self, candidate: Candidate) -> list[tuple[str, BaseModel]]:
         """The pipeline's stages with the candidate on top of the recipe's own params; a

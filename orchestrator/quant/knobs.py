@@ -53,6 +53,10 @@ class Precision:
 
 
 INT8 = Precision("int8", "int8", True, {"cpu": 0, "dsp": 0, "npu": 0})
+# On a CPU, LiteRT runs int16 activations on its reference kernels, slower than float
+# (the photo mini-Xception: 15.7 ms against 0.79 for int8), which is why the guard tries
+# every int8 method (Knobs.methods) first there; among layer moves the ladder keeps its
+# order (the bisection assumes each rung costs more than the one before).
 INT16_ACTIVATIONS = Precision("int16_activations", "int16 activations (a16w8)", True,
                               {"cpu": 1, "dsp": 1, "npu": 1})
 WEIGHTS_ONLY = Precision("weights_only", "weights-only 8-bit", False,
@@ -93,7 +97,11 @@ class Candidate:
         return replace(self, moved=tuple(sorted(moved.items())))
 
     def with_option(self, name: str, value: Any) -> Candidate:
-        return replace(self, options=tuple(sorted({**dict(self.options), name: value}.items())))
+        return self.with_options(((name, value),))
+
+    def with_options(self, options: Sequence[tuple[str, Any]]) -> Candidate:
+        return replace(self, options=tuple(sorted({**dict(self.options),
+                                                   **dict(options)}.items())))
 
     def cost(self, unit: str = "cpu") -> int:
         return sum(PRECISIONS[where].costs(unit) for _, where in self.moved)
@@ -120,6 +128,20 @@ class Alternative:
     values: Callable[[Any, Tune, list[dict[str, Any]]], Sequence[Any]]
     change: Callable[[Any], str]  # the console's words for trying a value
     action: Callable[[Any], str]  # report.json's decision words
+
+
+@dataclass(frozen=True)
+class Method:
+    """A whole-stage way to find int8's numbers (ranges chosen by error, learned rounding,
+    trained ranges): `options` set on the stage's params keep every layer in int8, so a
+    method that meets the budgets costs nothing at run time, only the seconds to find it.
+    A stage lists its methods cheapest to find first; on a target whose int16 activations
+    run on reference kernels (a CPU), the guard tries them all before any layer leaves
+    int8."""
+
+    name: str       # report.json's decision words: "ranges chosen by error"
+    change: str     # the console's words for its trial
+    options: tuple[tuple[str, Any], ...]
 
 
 @dataclass(frozen=True)
@@ -172,6 +194,8 @@ class Knobs:
     it. kernels: what a full candidate computes with, for the verdict.
     guard_setting: the recipe line that turns the guard on, for the report's advice.
     shows_compute: trials list what the file computes in (its info's `computes_in`).
+    methods: int8 methods (`Method`), cheapest to find first: tried before the ladder on a
+    CPU target, after it on one whose DSP or NPU runs int16 activations natively.
     """
 
     layers: Callable[[LayerSource], FoundLayers]
@@ -187,6 +211,7 @@ class Knobs:
     weights_only: frozenset[str] = frozenset({WEIGHTS_ONLY.name})
     alternatives: tuple[Alternative, ...] = ()
     shows_compute: bool = False
+    methods: tuple[Method, ...] = ()
 
     def rungs(self, stages: Sequence[str]) -> tuple[Precision, ...]:
         """The ladder this pipeline allows: a rung whose needed stage is missing is out."""

@@ -252,6 +252,8 @@ def with_guard(variant: dict[str, Any], result: GuardResult) -> None:
     if result.verdict:
         variant["guard_verdict"] = result.verdict
         variant.setdefault("warnings", []).append(result.verdict)
+    if result.why:
+        variant["guard_choice"] = result.why
 
 
 def data_summary(plan: Plan) -> dict[str, Any]:

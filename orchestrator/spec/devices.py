@@ -76,6 +76,19 @@ class Device(BaseModel):
         "1794 ms fp32 on one core); on x86 it is above 1, since 8-bit is often slower there. "
         "Missing precisions take the defaults.")
 
+    a16w8: bool = Field(
+        False, description="Runs int8 weights with int16 activations (a16w8) on native "
+        "kernels: a DSP or NPU with a16w8 support. False (every preset: their CPUs): LiteRT "
+        "runs int16 activations on its reference kernels, slower than float, so the "
+        "accuracy guard tries every int8 method before it gives a layer int16 "
+        "activations.")
+
+    @property
+    def compute_unit(self) -> str:
+        """What runs the model, as quantizing stages price a precision (quant/knobs.py):
+        "npu" for an a16w8-capable accelerator, else "cpu"."""
+        return "npu" if self.a16w8 else "cpu"
+
     @field_validator("precision_factors")
     @classmethod
     def _fill_defaults(cls, value: dict[str, float]) -> dict[str, float]:

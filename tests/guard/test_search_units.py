@@ -53,9 +53,11 @@ def wide(candidate: Candidate) -> set[str]:
     return set(candidate.nodes_in(INT16_ACTIVATIONS.name))
 
 
-def best(trials: list[Trial]) -> GuardTrial:
-    """guard.trials.Search.best over real trials built from these."""
+def best(trials: list[Trial], unit: str = "cpu") -> GuardTrial:
+    """guard.trials.Search.best over real trials built from these, for a target whose
+    precisions are priced on `unit`."""
     search = GuardSearch.__new__(GuardSearch)
+    search.unit, search.target = unit, "phone"
     search.trials = [GuardTrial(t.index, t.candidate, [], {}, {}, [] if t.ok else ["no"],
                                 0.0, "", t.size_bytes) for t in trials]
     return search.best()
@@ -91,15 +93,18 @@ def test_bisection_stops_when_trials_run_out() -> None:
     assert len(search.trials) == 2 and found is not None
 
 
-def test_the_choice_prefers_integer_then_fewer_layers_then_size() -> None:
+def test_the_choice_prices_precisions_on_the_targets_unit_then_size() -> None:
     int8 = Candidate()
     trials = [Trial(1, int8.with_nodes(["a", "b", "c"], INT16_ACTIVATIONS.name), True, 90),
               Trial(2, int8.with_nodes(["a"], FLOAT.name), True, 80),
               Trial(3, int8.with_nodes(["a", "b"], INT16_ACTIVATIONS.name), True, 120),
               Trial(4, Candidate(fallback=True), True, 10),
               Trial(5, int8.with_nodes(["a"], INT16_ACTIVATIONS.name), False, 50)]
-    # one float layer costs as much as two int16 ones: a tie with trial 3, broken by size
+    # on a CPU one float layer costs as much as two int16 ones: a tie with trial 3,
+    # broken by size
     assert best(trials).index == 2
+    # on an a16w8 accelerator float runs on the CPU beside it: two int16 layers are cheaper
+    assert best(trials, unit="npu").index == 3
     # none meets: the closest to float (no metrics here: all equally far; the first)
     assert best([trials[4]]).index == 5
 
@@ -113,3 +118,39 @@ def test_a_candidate_moves_a_node_to_one_precision_and_lists_its_settings() -> N
         "weights_only": [], "float": ["a"], "int16_activations": ["b"],
         "bias_correction": None, "percentile": 99.9}
     assert Candidate(fallback=True).describe([])["eight_bit_ops"] is False
+
+
+def test_int8_methods_come_before_the_ladder_on_a_cpu_and_stop_at_the_first_that_holds(
+        ) -> None:
+    from orchestrator.guard.accuracy_guard import _try_methods
+    from orchestrator.quant.knobs import Method
+
+    methods = tuple(Method(name, name, ((name, True),)) for name in ("m1", "m2", "m3"))
+
+    class MethodSearch(Search):
+        knobs = type("K", (), {"methods": methods})
+
+        def try_variation(self, current: Trial, candidate: Candidate, change: str,
+                          action: str) -> Trial:
+            trial = self.attempt(candidate, change)
+            return trial if trial.ok else current
+
+    search = MethodSearch(lambda c: c.option("m2") is True)
+    chosen = _try_methods(search, Trial(0, Candidate(), False))  # type: ignore[arg-type]
+    assert chosen.ok and dict(chosen.candidate.options) == {"m2": True}
+    assert [dict(t.candidate.options) for t in search.trials] == [{"m1": True}, {"m2": True}]
+    # each method on top of the start's candidate: its moved layers are kept
+    start = Trial(0, Candidate().with_nodes(["a"], FLOAT.name), False)
+    search = MethodSearch(lambda c: False)
+    assert _try_methods(search, start) is start  # type: ignore[arg-type]
+    assert all(t.candidate.nodes_in(FLOAT.name) == ("a",) for t in search.trials)
+    assert len(search.trials) == 3
+
+
+def test_only_an_a16w8_device_prices_int16_as_native() -> None:
+    from orchestrator.spec.devices import PRESETS, Device
+
+    assert {d.compute_unit for d in PRESETS.values()} == {"cpu"}
+    npu = Device(flops_per_second=1e9, cores=1, ram_mb=64, a16w8=True)
+    assert npu.compute_unit == "npu"
+    assert FLOAT.costs("npu") > FLOAT.costs("cpu")
