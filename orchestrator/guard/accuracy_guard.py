@@ -33,7 +33,11 @@ from orchestrator.formatting import NOT_ON_CONSOLE, shared_scope
 from orchestrator.guard.bisect import climb_ladder
 from orchestrator.guard.revert import revert_layers
 from orchestrator.guard.trials import GuardResult, Search, Trial, chosen_row
-from orchestrator.measure.budgets import has_quality_budgets
+from orchestrator.measure.budgets import (
+    has_quality_budgets,
+    quality_headline,
+    quality_violations,
+)
 from orchestrator.quant.knobs import Candidate, Fallback, LayerSource
 from orchestrator.quant.layer_groups import rank_layers
 from orchestrator.spec.models import Tune
@@ -197,10 +201,76 @@ def apply_guard(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, Nod
         return None
     tune = plan.recipe.recipe.tune or Tune()
     result = guard_pipeline(name, plan, data, outcomes, submit, tune, on_trial)
+    _confirm_on_held_out(name, plan, result, submit)
     if result.verdict:  # the console shows it with the variant's warnings
         log.warning("%s: %s", name, result.verdict, extra=NOT_ON_CONSOLE)
     _measure_chosen_on_boards(name, plan, result, submit)
     return result
+
+
+# The figures the confirmation sets side by side, where the judging stage gives them.
+CONFIRMED_FIGURES = ("evaluation_samples", "accuracy", "accuracy_drop", "fidelity",
+                     "fidelity_low", "min_sqnr_db", "min_sqnr_db_low", "min_logit_sqnr_db")
+
+
+def _chosen_index(result: GuardResult) -> int:
+    return next((row["trial"] for row in result.trials if row.get("chosen")), 0)
+
+
+def _confirm_on_held_out(name: str, plan: Plan, result: GuardResult,
+                         submit: Callable[[Node], NodeOutcome]) -> None:
+    """Picking the best of many trials on one evaluation set rewards its noise: where the
+    guard chose among trials (judged on the search part), the chosen model is judged again
+    on the part no trial was selected on. Those figures become the variant's, and a budget
+    that holds on the search part but not there is said."""
+    judges = [n for n in result.nodes if get_stage(n.stage).confirm is not None]
+    if not judges or _chosen_index(result) == 0:
+        return
+    searched = {}
+    for node in judges:
+        searched.update(result.outcomes[node.id].metrics)
+    confirming = _chain_after_chosen(name, plan, result, submit, [
+        (n.stage, get_stage(n.stage).confirm(n.params)) for n in judges])  # type: ignore[misc]
+    held_out: dict[str, float] = {}
+    for node in confirming:
+        held_out.update(result.outcomes[node.id].metrics)
+    targets = plan.recipe.recipe.targets
+    broken = [f"{t.name}: {v}" for t in targets for v in quality_violations(held_out, t.budgets)]
+    shown = [t for t in targets if has_quality_budgets(t.budgets)][:1]
+    words = (lambda m: quality_headline(m, shown[0].budgets)) if shown else (lambda m: "")
+    result.confirmation = {
+        "trial": _chosen_index(result), "meets_budgets": not broken, "violations": broken,
+        **{part: {"quality": words(figures),
+                  **{k: figures[k] for k in CONFIRMED_FIGURES if k in figures}}
+           for part, figures in (("search", searched), ("held_out", held_out))}}
+    if broken:
+        said = (f"the chosen trial {_chosen_index(result)} met the budgets on the search "
+                f"part of the evaluation data ({words(searched)}) but not on the held-out "
+                f"part it was not selected on ({words(held_out)}): {'; '.join(broken)}. "
+                "Give more evaluation samples, or a budget with a margin")
+        result.verdict = f"{result.verdict}; {said}" if result.verdict else said
+
+
+def _chain_after_chosen(name: str, plan: Plan, result: GuardResult,
+                        submit: Callable[[Node], NodeOutcome],
+                        stages: list[tuple[str, Any]]) -> list[Node]:
+    """Run `stages` on the chosen trial's model, after its own nodes; they join
+    `result`'s nodes and outcomes."""
+    last = result.nodes[-1]
+    made = [n for n in result.nodes if n.kind == "transform"]
+    model_key = made[-1].output_model_key if made else plan.start_keys[name]
+    chained = chain_nodes(name, stages, model_key, last.id, plan.fingerprints,
+                          trial=last.trial, base_dir=plan.recipe.base_dir,
+                          float_model_key=last.float_model_key)
+    added = []
+    for offset, node in enumerate(chained):
+        index = len(result.nodes)  # after the chosen trial's own stages
+        node = replace(node, index=index, id=node.id.replace(
+            f"/{offset}:", f"/{index}:", 1), depends_on=result.nodes[-1].id)
+        result.outcomes[node.id] = submit(node)
+        result.nodes.append(node)
+        added.append(node)
+    return added
 
 
 def _measure_chosen_on_boards(name: str, plan: Plan, result: GuardResult,
@@ -211,18 +281,7 @@ def _measure_chosen_on_boards(name: str, plan: Plan, result: GuardResult,
     boards = [n for n in plan.pipelines[name] if get_stage(n.stage).per_board]
     if not boards or any(get_stage(n.stage).per_board for n in result.nodes):
         return
-    last = result.nodes[-1]
-    made = [n for n in result.nodes if n.kind == "transform"]
-    model_key = made[-1].output_model_key if made else plan.start_keys[name]
-    chained = chain_nodes(name, [(n.stage, n.params) for n in boards], model_key, last.id,
-                          plan.fingerprints, trial=last.trial,
-                          base_dir=plan.recipe.base_dir, float_model_key=last.float_model_key)
-    for offset, node in enumerate(chained):
-        index = len(result.nodes)  # after the chosen trial's own stages
-        node = replace(node, index=index, id=node.id.replace(
-            f"/{offset}:", f"/{index}:", 1), depends_on=result.nodes[-1].id)
-        result.outcomes[node.id] = submit(node)
-        result.nodes.append(node)
+    _chain_after_chosen(name, plan, result, submit, [(n.stage, n.params) for n in boards])
 
 
 class AccuracyGuard:

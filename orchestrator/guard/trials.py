@@ -150,6 +150,8 @@ class GuardResult:
     decisions: list[dict[str, Any]] = field(default_factory=list)
     verdict: str | None = None
     why: str = ""  # why the chosen trial ships, where several met the budgets
+    # the chosen trial judged again on the held-out part of the evaluation data
+    confirmation: dict[str, Any] | None = None
 
 
 class Search:

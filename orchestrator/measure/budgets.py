@@ -3,6 +3,14 @@ gates, the accuracy guard and `promote`.
 
 Quality budgets read the evaluate stage's metrics (orchestrator/stages/evaluate.py):
 `accuracy_drop`, `fidelity`, and per output `<metric>.<output>` (`sqnr_db.onset`...).
+
+A budget is met only at its figure's bound where evaluate measured one
+(orchestrator/measure/confidence.py): `fidelity_low`, `top1_agreement_low.<output>`,
+`sqnr_db_low.<output>` must reach a minimum, `accuracy_drop_high` stay under a maximum. So
+`min_fidelity: 0.99` with 300 of 300 agreeing holds (90% lower bound 0.9946), with 298 of
+300 it does not (0.9841). The message states the figure, its bound and the level, and,
+where the evaluation set is too small for even a perfect score to meet an agreement budget,
+how many samples it needs.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.formatting import MIB, apart, format_ms, format_size
+from orchestrator.measure.confidence import DEFAULT_CONFIDENCE, lowest_meetable, samples_needed
 from orchestrator.measure.fidelity import OUTPUT_METRICS, output_names, safe_name
 
 # max_size_mb and max_ram_mb are in MiB (1,048,576 bytes): what phones and their app stores
@@ -82,22 +91,56 @@ def _outputs(metrics: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     return found
 
 
+@dataclass(frozen=True)
+class _Bound:
+    """The bound a budget is judged at: its value, which side, at what confidence."""
+
+    value: float
+    side: str  # "lower" or "upper"
+    confidence: float
+
+    def text(self, fmt: str, unit: str = "") -> str:
+        return f" ({self.confidence:.0%} {self.side} bound {self.value:{fmt}}{unit})"
+
+
+def _bound(metrics: Mapping[str, Any], key: str, side: str = "lower") -> _Bound | None:
+    value = metrics.get(key)
+    if value is None:
+        return None
+    return _Bound(float(value), side, float(metrics.get("confidence") or DEFAULT_CONFIDENCE))
+
+
+def _too_few(metrics: Mapping[str, Any], limit: float) -> str:
+    """Where even a perfect agreement on the evaluation set cannot show `limit` met: how
+    many samples it needs (empty otherwise)."""
+    n, confidence = metrics.get("evaluation_samples"), metrics.get("confidence")
+    if n is None or confidence is None or not 0.0 < limit < 1.0:
+        return ""
+    if lowest_meetable(int(n), float(confidence)) >= limit:
+        return ""
+    return (f": {int(n)} evaluation samples cannot show {limit:g} met at {confidence:.0%} "
+            f"even all agreeing; it needs {samples_needed(limit, None, float(confidence))}")
+
+
 def _at_least(name: str, figure: str, value: float, limit: float, unit: float, order: int,
-              kind: str, fmt: str = ".4f") -> _Check:
-    text = f"{figure} {value:{fmt}}"
-    short = max(0.0, limit - value)
-    return _Check(text, f"{text} < {name} {limit:g}" if value < limit else None,
-                  short / unit, order, value, kind,
-                  f"{text} {'<' if value < limit else '≥'} {limit:g}")
+              kind: str, fmt: str = ".4f", bound: _Bound | None = None,
+              note: str = "") -> _Check:
+    text = f"{figure} {value:{fmt}}" + (bound.text(fmt) if bound else "")
+    judged = bound.value if bound else value
+    short = max(0.0, limit - judged)
+    return _Check(text, f"{text} < {name} {limit:g}{note}" if judged < limit else None,
+                  short / unit, order, judged, kind,
+                  f"{text} {'<' if judged < limit else '≥'} {limit:g}")
 
 
 def _at_most(name: str, figure: str, value: float, limit: float, unit: float, order: int,
-             kind: str, fmt: str = ".4f") -> _Check:
-    text = f"{figure} {value:{fmt}}"
-    over = max(0.0, value - limit)
-    return _Check(text, f"{text} > {name} {limit:g}" if value > limit else None,
-                  over / unit, order, -value, kind,
-                  f"{text} {'>' if value > limit else '≤'} {limit:g}")
+             kind: str, fmt: str = ".4f", bound: _Bound | None = None) -> _Check:
+    text = f"{figure} {value:{fmt}}" + (bound.text(fmt) if bound else "")
+    judged = bound.value if bound else value
+    over = max(0.0, judged - limit)
+    return _Check(text, f"{text} > {name} {limit:g}" if judged > limit else None,
+                  over / unit, order, -judged, kind,
+                  f"{text} {'>' if judged > limit else '≤'} {limit:g}")
 
 
 def _missing(text: str, order: int, kind: str) -> _Check:
@@ -111,7 +154,8 @@ def _checks(metrics: Mapping[str, Any], budgets: Any) -> list[_Check]:
         checks.append(_missing("accuracy_drop not measured: add evaluate (with labelled data) "
                                "to the pipeline", 0, ACCURACY) if drop is None else
                       _at_most("max_accuracy_drop", "accuracy drop", drop,
-                               budgets.max_accuracy_drop, _AGREEMENT_UNIT, 0, ACCURACY))
+                               budgets.max_accuracy_drop, _AGREEMENT_UNIT, 0, ACCURACY,
+                               bound=_bound(metrics, "accuracy_drop_high", "upper")))
     outputs = _outputs(metrics)
     per_output: Mapping[str, Any] = getattr(budgets, "outputs", None) or {}
     own = {safe_name(name): b for name, b in per_output.items()}
@@ -124,31 +168,41 @@ def _checks(metrics: Mapping[str, Any], budgets: Any) -> list[_Check]:
                                    "outputs.<name>.min_sqnr_db for one of them)", 1, SQNR))
         for output in others:
             if own.get(output) is None or own[output].min_sqnr_db is None:
-                checks.append(_sqnr(output, outputs[output], budgets.min_sqnr_db))
+                checks.append(_sqnr(output, outputs[output], budgets.min_sqnr_db,
+                                    confidence=metrics.get("confidence")))
     for name, budget in per_output.items():
-        checks += _output_checks(name, budget, outputs)
+        checks += _output_checks(name, budget, outputs, metrics)
     if budgets.min_fidelity is not None:
+        # an agreement (a class output) needs enough samples for its bound to reach it
+        agreement = any("top1_agreement" in f for f in outputs.values())
         checks.append(_missing("fidelity not measured: add evaluate to the pipeline", 2,
                                FIDELITY) if fidelity is None else
                       _at_least("min_fidelity", "fidelity", fidelity, budgets.min_fidelity,
-                                _AGREEMENT_UNIT, 2, FIDELITY))
+                                _AGREEMENT_UNIT, 2, FIDELITY,
+                                bound=_bound(metrics, "fidelity_low"),
+                                note=_too_few(metrics, budgets.min_fidelity)
+                                if agreement else ""))
     return checks
 
 
 def _sqnr(output: str, figures: Mapping[str, float], limit: float,
-          name: str = "min_sqnr_db") -> _Check:
+          name: str = "min_sqnr_db", confidence: float | None = None) -> _Check:
     if "sqnr_db" not in figures:
         return _missing(f"SQNR of output {output!r} not measured (an integer output)", 1,
                         SQNR)
     value = figures["sqnr_db"]
-    text = f"SQNR {value:.1f} dB ({output})"
-    return _Check(text, f"{text} < {name} {limit:g}" if value < limit else None,
-                  max(0.0, limit - value) / _SQNR_UNIT_DB, 1, value, SQNR,
-                  f"{output} SQNR {value:.1f} dB {'<' if value < limit else '≥'} {limit:g} dB")
+    bound = None if "sqnr_db_low" not in figures else _Bound(
+        figures["sqnr_db_low"], "lower", float(confidence or DEFAULT_CONFIDENCE))
+    shown = f"{value:.1f} dB" + (bound.text(".1f", " dB") if bound else "")
+    judged = bound.value if bound else value
+    text = f"SQNR {shown} ({output})"
+    return _Check(text, f"{text} < {name} {limit:g}" if judged < limit else None,
+                  max(0.0, limit - judged) / _SQNR_UNIT_DB, 1, judged, SQNR,
+                  f"{output} SQNR {shown} {'<' if judged < limit else '≥'} {limit:g} dB")
 
 
-def _output_checks(name: str, budget: Any, outputs: Mapping[str, Mapping[str, float]]
-                   ) -> list[_Check]:
+def _output_checks(name: str, budget: Any, outputs: Mapping[str, Mapping[str, float]],
+                   metrics: Mapping[str, Any]) -> list[_Check]:
     """The checks of one output's own budgets."""
     key = safe_name(name)
     prefix = f"outputs.{name}"
@@ -158,7 +212,8 @@ def _output_checks(name: str, budget: Any, outputs: Mapping[str, Mapping[str, fl
     figures = outputs[key]
     checks: list[_Check] = []
     if budget.min_sqnr_db is not None:
-        checks.append(_sqnr(key, figures, budget.min_sqnr_db, f"{prefix}.min_sqnr_db"))
+        checks.append(_sqnr(key, figures, budget.min_sqnr_db, f"{prefix}.min_sqnr_db",
+                            metrics.get("confidence")))
     wanted = (("min_cosine", "cosine", "cosine", _COSINE_UNIT, True),
               ("max_abs_error", "max_abs_error", "max abs error", None, False),
               ("min_agreement", "top1_agreement" if "top1_agreement" in figures
@@ -172,8 +227,12 @@ def _output_checks(name: str, budget: Any, outputs: Mapping[str, Mapping[str, fl
                                    + (" (neither class scores nor probabilities)"
                                       if field == "min_agreement" else ""), 3, OUTPUT))
         elif at_least:
+            low = figures.get(f"{metric}_low")
+            bound = None if low is None else _Bound(
+                low, "lower", float(metrics.get("confidence") or DEFAULT_CONFIDENCE))
             checks.append(_at_least(f"{prefix}.{field}", f"{figure} ({key})", figures[metric],
-                                    limit, unit, 3, OUTPUT))
+                                    limit, unit, 3, OUTPUT, bound=bound,
+                                    note=_too_few(metrics, limit) if bound else ""))
         else:  # max abs error: in units of its own limit
             checks.append(_at_most(f"{prefix}.{field}", f"{figure} ({key})", figures[metric],
                                    limit, max(limit, 1e-12), 3, OUTPUT, ".4g"))
@@ -243,6 +302,14 @@ def variant_quality_metrics(variant: Mapping[str, Any]) -> dict[str, float]:
                for metric in OUTPUT_METRICS if row.get(metric) is not None}
     metrics.update({k: variant[k] for k in ("accuracy_drop", "fidelity")
                     if variant.get(k) is not None})
+    # their bounds (evaluate's metrics); the drop's only while it is evaluate's own (a
+    # board's accuracy replaces it: report.judged_on_device)
+    measured = variant.get("metrics") or {}
+    bounds = ["fidelity_low", "confidence", "evaluation_samples"]
+    if measured.get("accuracy_drop") is not None and variant.get("accuracy_drop") is not None \
+            and abs(measured["accuracy_drop"] - variant["accuracy_drop"]) < 1e-6:
+        bounds.append("accuracy_drop_high")
+    metrics.update({k: measured[k] for k in bounds if measured.get(k) is not None})
     return metrics
 
 

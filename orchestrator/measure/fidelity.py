@@ -24,7 +24,12 @@ CLASS_SCORES, CLASS_INDICES, PROBABILITIES, VALUES = (
 CLASS_KINDS = (CLASS_SCORES, CLASS_INDICES)
 # per-output metrics, keyed `<metric>.<output>`; metric names hold no "."
 OUTPUT_METRICS = ("top1_agreement", "sqnr_db", "cosine", "max_abs_error",
-                  "threshold_agreement", "logit_sqnr_db", "kl_divergence")
+                  "threshold_agreement", "logit_sqnr_db", "kl_divergence",
+                  # their bounds at the evaluation's confidence (orchestrator.measure.confidence)
+                  "top1_agreement_low", "top1_agreement_high", "sqnr_db_low", "sqnr_db_high")
+# figures where lower is better (every other one: higher is better)
+LOWER_IS_BETTER = frozenset({"max_abs_error", "kl_divergence", "max_abs_diff", "accuracy_drop",
+                             "accuracy_drop_low", "accuracy_drop_high"})
 # probabilities are clipped this far from 0 and 1 before taking logs
 PROBABILITY_EPSILON = 1e-7
 # An output with at most this many distinct values, all on one grid, was quantized.
@@ -172,6 +177,15 @@ def top_k_accuracy(scores: np.ndarray, labels: np.ndarray, k: int) -> float | No
         return float(np.mean(scores.argmax(axis=1) == labels))
     top = np.argpartition(-scores, min(k, scores.shape[1]) - 1, axis=1)[:, :k]
     return float(np.mean((top == labels[:, None]).any(axis=1)))
+
+
+def top1_hits(scores: np.ndarray, labels: np.ndarray) -> np.ndarray | None:
+    """Per sample, whether its highest score (or its class index) is its label; None when
+    `scores` are neither class scores nor class indices."""
+    scores, labels = np.asarray(scores), np.asarray(labels).reshape(-1)
+    if _is_class_indices(scores):
+        return scores.reshape(-1) == labels
+    return scores.argmax(axis=1) == labels if is_class_scores(scores) else None
 
 
 def top1_agreement(outputs: np.ndarray, reference: np.ndarray) -> float:

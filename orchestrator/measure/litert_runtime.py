@@ -7,6 +7,12 @@ tensors' own names, and only when neither tells (names stripped) by position: th
 does not keep a graph's output order. A model with int8 edges
 (`convert_tflite io: int8`) is fed float data quantized with its input's scale and zero
 point, and its outputs are dequantized: callers always see float, as with a graph.
+
+Kernel sets: the same file can give other answers under other kernels (int16 activations
+run on reference kernels on a CPU; XNNPACK rounds otherwise than LiteRT's builtin int8
+kernels). `KERNEL_SETS` names the ones a target may run: "default" (LiteRT's default, the
+XNNPACK delegate where it takes the ops, builtin kernels elsewhere), "builtin" (the builtin
+kernels alone, no default delegate) and "reference" (the reference kernels, slow).
 """
 
 from __future__ import annotations
@@ -21,14 +27,36 @@ from orchestrator.model.litert_model import in_order, interpreter, signature_map
 if TYPE_CHECKING:
     from orchestrator.model.artifact import ModelArtifact
 
+# kernel set -> the name of LiteRT's OpResolverType that selects it (None: the default)
+KERNEL_SETS: dict[str, str | None] = {
+    "default": None,
+    "builtin": "BUILTIN_WITHOUT_DEFAULT_DELEGATES",
+    "reference": "BUILTIN_REF",
+}
+
+
+def resolver_kwargs(kernels: str) -> dict[str, Any]:
+    """The Interpreter keyword arguments that select the kernel set `kernels`."""
+    if kernels not in KERNEL_SETS:
+        raise ValueError(f"unknown kernel set {kernels!r}; known: {', '.join(KERNEL_SETS)}")
+    name = KERNEL_SETS[kernels]
+    if name is None:
+        return {}
+    from ai_edge_litert.interpreter import OpResolverType
+
+    return {"experimental_op_resolver_type": getattr(OpResolverType, name)}
+
 
 class LiteRTRunner:
     """One interpreter, tensors allocated once (again when a batch size changes)."""
 
-    def __init__(self, artifact: ModelArtifact, num_threads: int | None = None) -> None:
+    def __init__(self, artifact: ModelArtifact, num_threads: int | None = None,
+                 kernels: str = "default") -> None:
         assert artifact.payload is not None
-        self.interpreter = interpreter(artifact.payload, num_threads=num_threads)
+        self.interpreter = interpreter(artifact.payload, num_threads=num_threads,
+                                       **resolver_kwargs(kernels))
         self.num_threads = num_threads
+        self.kernels = kernels
         self.inputs = in_order(self.interpreter.get_input_details(), artifact.input_names,
                                signature_map(self.interpreter, "inputs"))
         self.outputs = in_order(self.interpreter.get_output_details(), list(artifact.outputs),

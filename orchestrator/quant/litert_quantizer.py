@@ -145,10 +145,30 @@ def signature_batches(float_model: bytes, batches: Iterable[np.ndarray]
     return {key: [{inputs[0]: np.asarray(b, dtype=np.float32)} for b in batches]}
 
 
+Ranges = Literal["min_max", "mse"]
+RANGES_DOCS = {
+    "min_max": "each activation's range: its min and max on the representative data",
+    "mse": "each activation's range clipped where that loses least (rounding + clipping "
+           "error, from its histogram on the representative data; see quant/range_search)",
+}
+# Ops whose output range LiteRT fixes (1/256 steps over [0, 1] or [-1, 1]): never searched.
+FIXED_RANGE_OPS = ("SOFTMAX", "LOGISTIC", "TANH", "LOG_SOFTMAX")
+
+
 def quantize(made: Any, calibration: Mapping[str, list[dict[str, np.ndarray]]] | None,
-             log: Any) -> bytes:
+             log: Any, *, ranges: Ranges = "min_max",
+             fixed_ranges: Mapping[str, tuple[float, float]] | None = None) -> bytes:
     """Calibrate where the recipe needs it, then quantize; what the quantizer prints
-    (progress bars, reports) goes to `log` at debug level."""
+    (progress bars, reports) goes to `log` at debug level.
+
+    ranges: how each activation's range is chosen from the calibration data (RANGES_DOCS).
+    fixed_ranges: tensor name (the float model's) -> (min, max) replacing the calibrated
+    range of that tensor (ranges trained or read from FakeQuant nodes); ValueError for a
+    name that is no calibrated activation. An op that keeps its input's scale (pooling,
+    reshape) takes its input's range whatever its output's says, so the range to fix is
+    the input's (a row in the log names any that the file does not hold)."""
+    if ranges not in RANGES_DOCS:
+        raise ValueError(f"ranges must be one of {', '.join(RANGES_DOCS)}, not {ranges!r}")
     with _quiet(log):
         result = None
         if made.need_calibration:
@@ -156,8 +176,131 @@ def quantize(made: Any, calibration: Mapping[str, list[dict[str, np.ndarray]]] |
                 raise ValueError("this scheme calibrates activation ranges on "
                                  "representative data")
             result = _min_max(made, calibration)
+            if ranges == "mse":
+                result = _searched(made, calibration, result, log)
+            if fixed_ranges:
+                result = _fixed(result, fixed_ranges)
         quantized = made.quantize(result, enable_progress_report=False)
-    return bytes(quantized.quantized_model)
+    model = bytes(quantized.quantized_model)
+    if result is None and (fixed_ranges or ranges != "min_max"):
+        log.info("ranges=%s and fixed_ranges unused: this scheme calibrates no activation "
+                 "ranges", ranges)
+    elif fixed_ranges:
+        _check_fixed(model, fixed_ranges, log)
+    return model
+
+
+def _fixed(result: dict[str, Any], fixed: Mapping[str, tuple[float, float]]
+           ) -> dict[str, Any]:
+    import difflib
+
+    known = [name for name, qsv in result.items() if qsv and _is_float_range(qsv)]
+    unknown = [name for name in fixed if name not in known]
+    if unknown:
+        near = {n: difflib.get_close_matches(n, known, n=2, cutoff=0.5) for n in unknown[:3]}
+        raise ValueError(
+            f"fixed_ranges names {len(unknown)} tensor(s) the quantizer calibrates no range "
+            "for: " + "; ".join(f"{n!r}" + (f" (did you mean {' or '.join(map(repr, m))}?)"
+                                             if m else "") for n, m in near.items())
+            + f". Calibrated activations include: {', '.join(map(repr, known[:4]))}")
+    merged = dict(result)
+    for name, (low, high) in fixed.items():
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+            raise ValueError(f"fixed range of {name!r} must be finite with min < max, "
+                             f"not ({low}, {high})")
+        qsv = merged[name]
+        merged[name] = {**qsv, "min": np.full_like(qsv["min"], low),
+                        "max": np.full_like(qsv["max"], high)}
+    return merged
+
+
+def _is_float_range(qsv: Mapping[str, Any]) -> bool:
+    return "min" in qsv and np.asarray(qsv["min"]).dtype.kind == "f"
+
+
+def _check_fixed(model: bytes, fixed: Mapping[str, tuple[float, float]], log: Any) -> None:
+    """Log the fixed ranges the file does not hold (an op that keeps its input's scale, a
+    softmax's fixed output range), with the range it holds instead."""
+    held = _output_ranges(model)
+    for name, (low, high) in fixed.items():
+        got = held.get(name)
+        wanted = (min(low, 0.0), max(high, 0.0))
+        if got and not np.allclose(got, wanted, rtol=0.02, atol=(high - low) / 255):
+            log.info("fixed range of %s: (%.4g, %.4g) asked, the file holds (%.4g, %.4g) "
+                     "(its op keeps another tensor's scale)", name, low, high, *got)
+
+
+def _output_ranges(model: bytes) -> dict[str, tuple[float, float]]:
+    """Tensor name -> the range its (per-tensor) scale and zero point cover."""
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    parsed = flatbuffer_utils.convert_bytearray_to_object(bytearray(model))
+    found = {}
+    for tensor in parsed.subgraphs[0].tensors:
+        q = tensor.quantization
+        if q is None or q.scale is None or len(q.scale) != 1:
+            continue
+        levels = 65535 if tensor.type == INT16 else 255
+        low = -(float(q.zeroPoint[0]) + (32768 if tensor.type == INT16 else 128))
+        raw = tensor.name
+        found[raw.decode() if isinstance(raw, bytes) else str(raw)] = (
+            low * float(q.scale[0]), (low + levels) * float(q.scale[0]))
+    return found
+
+
+def _searched(made: Any, calibration: Mapping[str, list[dict[str, np.ndarray]]],
+              result: dict[str, Any], log: Any) -> dict[str, Any]:
+    """`result` with each activation's range chosen by error (quant/range_search) from a
+    histogram of its values on the calibration data (the float model run again with every
+    tensor kept), except the outputs of ops whose range LiteRT fixes."""
+    from ai_edge_quantizer.utils import tfl_interpreter_utils as tfl_utils
+
+    from orchestrator.quant import range_search
+
+    float_model = bytes(made._float_model_buffer)  # the quantizer's copy of the float model
+    fixed_by_op = {layer.name for layer in float_layers(float_model)
+                   if layer.op in FIXED_RANGE_OPS}
+    spans = {name: range_search.histogram_range(np.min(qsv["min"]), np.max(qsv["max"]))
+             for name, qsv in result.items()
+             if qsv and _is_float_range(qsv) and np.size(qsv["min"]) == 1
+             and name not in fixed_by_op}
+    counts = {name: np.zeros(range_search.BINS) for name in spans}
+    interpreter = tfl_utils.create_tfl_interpreter(float_model,
+                                                   num_threads=os.cpu_count() or 1)
+    for key, batches in calibration.items():
+        subgraph = tfl_utils.get_signature_main_subgraph_index(interpreter, key)
+        for batch in batches:
+            tfl_utils.invoke_interpreter_signature(interpreter, batch, key)
+            for detail in interpreter.get_tensor_details(subgraph):
+                name = detail["name"]
+                if name in counts and spans[name][1] > spans[name][0]:
+                    values = interpreter.get_tensor(detail["index"], subgraph)
+                    counts[name] += np.histogram(values, range_search.BINS, spans[name])[0]
+    levels = _levels(made, result)
+    searched = dict(result)
+    for name, (lo, hi) in spans.items():
+        low, high = range_search.best_range(counts[name], lo, hi, levels.get(name, 256))
+        if (low, high) != (lo, hi):
+            log.debug("range of %s: [%.4g, %.4g] -> [%.4g, %.4g]", name, lo, hi, low, high)
+            qsv = result[name]
+            searched[name] = {**qsv, "min": np.full_like(qsv["min"], low),
+                              "max": np.full_like(qsv["max"], high)}
+    return searched
+
+
+def _levels(made: Any, result: dict[str, Any]) -> dict[str, int]:
+    """Tensor name -> its quantization levels where not 256: int16 activations (a recipe
+    with a16w8 layers, read from a min-max quantized file); int8 everywhere else."""
+    recipe = made.get_quantization_recipe()
+    if not any(((entry.get("op_config") or {}).get("activation_tensor_config") or {})
+               .get("num_bits") == 16 for entry in recipe):
+        return {}
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    parsed = flatbuffer_utils.convert_bytearray_to_object(
+        bytearray(made.quantize(result, enable_progress_report=False).quantized_model))
+    return {(t.name.decode() if isinstance(t.name, bytes) else str(t.name)): 65536
+            for t in parsed.subgraphs[0].tensors if t.type == INT16}
 
 
 def _min_max(made: Any, calibration: Mapping[str, list[dict[str, np.ndarray]]]
@@ -226,20 +369,24 @@ def float_layers(float_model: bytes) -> list[Layer]:
     return found
 
 
-def tensor_errors(made: Any, data: Mapping[str, list[dict[str, np.ndarray]]],
-                  quantized: bytes, layers: list[Layer], log: Any) -> list[dict[str, Any]]:
+def tensor_errors(float_model: bytes, quantized: bytes,
+                  data: Mapping[str, list[dict[str, np.ndarray]]], layers: list[Layer],
+                  log: Any) -> list[dict[str, Any]]:
     """Rows as freeze_ranges' layer_errors, worst first: each layer's output, float model
-    against quantized, from the quantizer's own comparison on `data`. `nmse` is the
+    against quantized (the file as shipped: learned rounding and trained weights
+    included), from the quantizer's own comparison on `data`. `nmse` is the
     error's power over the float tensor's (what has piled up by then: the guard ranks by
     what a layer adds to its inputs'); `rmse_over_scale` is that added share in 8-bit
     quantization steps of the tensor's range (0 for a tensor left in float); `inputs`
     name the tensors it reads."""
+    from ai_edge_quantizer import model_validator
     from ai_edge_quantizer.utils.validation_utils import ValidationErrorMetric
 
     with _quiet(log):
-        compared = made.validate(dict(data), error_metrics=[ValidationErrorMetric.MSE,
-                                                            ValidationErrorMetric.SNR],
-                                 num_threads=os.cpu_count() or 1)
+        compared = model_validator.compare_model(
+            bytearray(float_model), bytearray(quantized), dict(data),
+            [ValidationErrorMetric.MSE, ValidationErrorMetric.SNR], compare_fns=None,
+            use_xnnpack=True, num_threads=os.cpu_count() or 1)
     results = compared.get_all_tensor_results()
     scales = _output_scales(quantized)
     nmse: dict[str, float] = {}

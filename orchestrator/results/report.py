@@ -254,6 +254,8 @@ def with_guard(variant: dict[str, Any], result: GuardResult) -> None:
         variant.setdefault("warnings", []).append(result.verdict)
     if result.why:
         variant["guard_choice"] = result.why
+    if result.confirmation:
+        variant["guard_confirmation"] = result.confirmation
 
 
 def data_summary(plan: Plan) -> dict[str, Any]:

@@ -122,7 +122,8 @@ class Stage:
     it (its weights, its ranges) declare one. eight_bit: it turns float weights or ops into
     eight bits, so its input is the lineage's float model (layer errors compare with it).
     judges_quality: its metrics are what quality budgets judge (the guard reads a trial's
-    quality from it). variant_metrics: its metrics are the variant's own, tracked without
+    quality from it). confirm: a judging stage's params that judge the guard's chosen trial
+    on data the search did not select on (its `candidate` judges trials on the rest). variant_metrics: its metrics are the variant's own, tracked without
     the stage's prefix. per_board: it measures on a target's board; a recipe gets it once
     per target with `connect:` (its params carry `target` and `connect`), and the guard
     measures only the model it chose there.
@@ -152,6 +153,7 @@ class Stage:
     candidate: ApplyCandidate | None = None
     eight_bit: bool = False
     judges_quality: bool = False
+    confirm: Callable[[Any], Any] | None = None
     variant_metrics: bool = False
     per_board: bool = False
     ships_compact_names: bool = False

@@ -37,6 +37,7 @@ from orchestrator.limits import bounded
 from orchestrator.model import litert_precision, tflite_bytes
 from orchestrator.model.artifact import ModelArtifact
 from orchestrator.model.native_output import native_output_held
+from orchestrator.quant import fake_quant_ranges
 from orchestrator.quant.knobs import FLOAT, FoundLayers, Knobs, with_params
 from orchestrator.quant.litert_quantizer import DYNAMIC_RANGE_FALLBACK
 from orchestrator.stages import register
@@ -108,6 +109,12 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
     from orchestrator.model.litert_model import describe
 
     ctx, samples_used = counting_samples(ctx)
+    model_ranges = [fq for fq in fake_quant_ranges.activations(given.graph_def) if fq.range]
+    stripped: list[fake_quant_ranges.FakeQuant] = []
+    if params.mode != "int8" and _has_fake_quant(given):
+        # the converter would keep each FakeQuant as a QUANTIZE/DEQUANTIZE pair in float
+        graph_def, stripped = fake_quant_ranges.strip(given.graph_def)
+        given = given.replace(graph_def=graph_def)
     converter, output_shapes = _converter(given, params, ctx)
     flatbuffer = _convert(converter, given, params, ctx)
     warnings: list[str] = []
@@ -135,9 +142,15 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
     facts = describe(flatbuffer)
     # the same arithmetic as the graph's: what benchmark's device estimates start from
     flops = _graph_flops(given, warnings)
+    metadata = {k: v for k, v in given.metadata.items()
+                if k not in (fake_quant_ranges.TRAINED_RANGES,
+                             fake_quant_ranges.GRAPH_TRAINED_RANGES)}
+    trained = _trained_ranges(flatbuffer, params, model_ranges, stripped, warnings)
+    if params.mode == "fp32" and trained:  # for quantize_tflite, by this file's tensor names
+        metadata[fake_quant_ranges.TRAINED_RANGES] = trained
     artifact = ModelArtifact(graph_def=None, kind="tflite", payload=flatbuffer,
                              inputs=given.inputs, outputs=given.outputs,
-                             metadata={**given.metadata,
+                             metadata={**metadata,
                                        "tflite": {"mode": params.mode, "io": params.io,
                                                   "flops": flops}})
     graph_bytes = len(given.graph_bytes())
@@ -178,11 +191,36 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
                       "float_op_types": list(params.float_ops)}
     if kept_per_channel:
         info["tflite"]["kept_per_channel"] = kept_per_channel
+    if model_ranges and params.mode in ("int8", "fp32"):  # the model's own (FakeQuant)
+        info["trained_ranges"] = len(trained)              # ranges it takes or carries
+    if stripped:
+        info["fake_quant_removed"] = len(stripped)
     if diagnostics:
         info["diagnostics"] = diagnostics
     if samples_used():  # int8: the representative samples it calibrated on
         info["samples"] = samples_used()
     return StageResult(artifact=artifact, metrics=metrics, info=info, warnings=warnings)
+
+
+def _has_fake_quant(given: ModelArtifact) -> bool:
+    return any(n.op in fake_quant_ranges.FAKE_QUANT_OPS for n in given.graph_def.node)
+
+
+def _trained_ranges(flatbuffer: bytes, params: Params,
+                    model_ranges: list[fake_quant_ranges.FakeQuant],
+                    stripped: list[fake_quant_ranges.FakeQuant], warnings: list[str]
+                    ) -> dict[str, list[float]]:
+    """The model's FakeQuant ranges in the file: int8, the activation tensors whose range
+    the converter took from one (its QAT mode reads them itself); fp32, {tensor name: [min,
+    max]} of the stripped ones, for quantize_tflite."""
+    if params.mode == "int8":
+        return fake_quant_ranges.int8_tensors_with_ranges(
+            flatbuffer, [fq.range for fq in model_ranges if fq.range])
+    found, missing = fake_quant_ranges.tflite_ranges(flatbuffer, stripped)
+    if missing and params.mode == "fp32":
+        warnings.append(f"{len(missing)} FakeQuant range(s) name no tensor of the float "
+                        f"file, so quantize_tflite calibrates those: {', '.join(missing[:3])}")
+    return found
 
 
 def _graph_flops(given: ModelArtifact, warnings: list[str]) -> int | None:

@@ -15,7 +15,10 @@ while every consumer reads the result on the grid whose zero is round(-min * s),
 an arbitrary range each requantized tensor carries a constant offset of up to half a step,
 set by the range's last bits, that the next layers multiply up. That made the outputs of
 two candidate graphs with nearly the same ranges differ far more than their layers did.
-The log is dropped from the metadata once its ranges are frozen (ranges.log, written by
+Ranges the model trained (FakeQuant nodes: quantize_nodes made them the requantization
+ranges, listed in the metadata's `fake_quant_ranges`) are kept as they are, and counted
+(info `trained_ranges`); a graph with no other range has nothing to freeze. The log is
+dropped from the metadata once its ranges are frozen (ranges.log, written by
 log_ranges, keeps it).
 
 Then, with `diagnostics` (default) and representative data in the recipe, each quantized
@@ -38,6 +41,7 @@ from orchestrator.errors import DataError
 from orchestrator.limits import bounded
 from orchestrator.model.graph_rewrite import copy_graph, make_const, subgraph
 from orchestrator.quant import ranges as q
+from orchestrator.quant.fake_quant_ranges import GRAPH_TRAINED_RANGES, fake_quant_of
 from orchestrator.quant.knobs import Candidate, with_params
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
@@ -79,7 +83,11 @@ def freeze_with_tf(graph_def: GraphDef, inputs: list[str], outputs: list[str], l
 
 
 def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
-    if params.log_file is not None:
+    trained = artifact.metadata.get(GRAPH_TRAINED_RANGES) or {}
+    if trained and not any(n.op == "RequantizationRange" for n in artifact.graph_def.node) \
+            and not q.run_time_quantizations(artifact.graph_def):
+        result = _only_trained(artifact)
+    elif params.log_file is not None:
         assert ctx.read_file is not None, "the runner reads files named by file_params"
         log = ctx.read_file(params.log_file).decode("utf-8", errors="replace")
         result = _freeze(artifact, params, log, user_log=params.log_file)
@@ -94,9 +102,24 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
                              "log_ranges and freeze_ranges changed it): run log_ranges "
                              "right before freeze_ranges")
         result = _freeze(artifact, params, log, user_log=None)
+    if trained:  # the model's own ranges, as quantize_nodes pinned them (nudged already)
+        result.info["trained_ranges"] = len({fake_quant_of(n) for n in trained})
+        result.artifact = dataclasses.replace(result.artifact, metadata={
+            k: v for k, v in result.artifact.metadata.items() if k != GRAPH_TRAINED_RANGES})
     if params.diagnostics:
         _add_diagnostics(result, params, ctx)
     return result
+
+
+def _only_trained(artifact: ModelArtifact) -> StageResult:
+    """Every range of the graph is the model's own (FakeQuant): nothing to freeze."""
+    metadata = {k: v for k, v in artifact.metadata.items()
+                if k not in ("min_max_log", q.LOGGED_GRAPH)}
+    graph = copy_graph(artifact.graph_def)
+    nudged = nudge_frozen_ranges(graph)
+    return StageResult(artifact=dataclasses.replace(artifact, graph_def=graph,
+                                                    metadata=metadata),
+                       metrics={"frozen_ranges": 0.0, "ranges_nudged": float(nudged)})
 
 
 def _add_diagnostics(result: StageResult, params: Params, ctx: StageContext) -> None:

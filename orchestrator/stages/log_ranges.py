@@ -24,6 +24,10 @@ name, so that `freeze_ranges` freezes them as well: the 8-bit graph then compute
 sample the same whatever batch it runs in, as a phone's batch of one does, and every
 boundary between float and eight bits gets a calibrated range.
 
+Ranges the model trained (its FakeQuant nodes, which quantize_nodes made constant: the
+metadata's `fake_quant_ranges`) are not measured; a graph with no other range passes on
+unchanged.
+
 Files: `ranges.log` (the log) and `ranges.csv` (per node: count, min, max and the range
 `freeze_ranges` would freeze at `min_percentile`/`max_percentile`). The log also travels
 in the model's metadata (`min_max_log`) to `freeze_ranges`. The model is passed on
@@ -42,6 +46,7 @@ from orchestrator.limits import bounded
 from orchestrator.model.artifact import tensor_name
 from orchestrator.model.graph_rewrite import copy_graph, make_const
 from orchestrator.quant import ranges as q
+from orchestrator.quant.fake_quant_ranges import GRAPH_TRAINED_RANGES, fake_quant_of
 from orchestrator.quant.numerics import qint32_to_float
 from orchestrator.stages import register
 from orchestrator.stages.base import Stage, StageContext, StageParams, StageResult
@@ -280,6 +285,11 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
     from orchestrator.model import tf_adapter
 
     names = [n.name for n in artifact.graph_def.node if n.op == "RequantizationRange"]
+    trained = artifact.metadata.get(GRAPH_TRAINED_RANGES) or {}
+    if not names and trained and not q.run_time_quantizations(artifact.graph_def):
+        # every range came from the model's FakeQuant nodes: nothing left to measure
+        return StageResult(artifact=artifact, metrics={"ranges_nodes": 0.0},
+                           info={"trained_ranges": len({fake_quant_of(n) for n in trained})})
     if not names:
         raise ValueError("the graph has no RequantizationRange ops, so there is no range to "
                          "log: run quantize_nodes first (without fallback_min/fallback_max)")

@@ -45,7 +45,7 @@ from orchestrator.model.graph_rewrite import (
     subgraph,
     unique_name,
 )
-from orchestrator.quant import integer_bias
+from orchestrator.quant import fake_quant_ranges, integer_bias
 from orchestrator.quant import kernel_support as ks
 from orchestrator.quant import ranges as q
 from orchestrator.quant.knobs import (
@@ -338,6 +338,8 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
         if node.name in plan.hidden:
             node.attr["T"].type = _DT_FLOAT
     result, folded = fold_constant_quantizations(result)
+    # the model's FakeQuant nodes: GTT made their ranges the requantization ranges
+    result, trained = fake_quant_ranges.pin_hoisted_ranges(result, graph)
     fused = integer_bias.fuse(result, biases)
     read_shapes_from_quantized(result)
     result = subgraph(result, [*artifact.input_names, *outputs])
@@ -362,8 +364,9 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
         f"to 4 steps (not added in their conv's accumulator): {', '.join(unfused[:3])}"
     ] if unfused else [])
     stats = q.weight_stats(result)
+    metadata = {fake_quant_ranges.GRAPH_TRAINED_RANGES: trained} if trained else {}
     return StageResult(
-        artifact=artifact.replace(graph_def=result),
+        artifact=artifact.replace(graph_def=result, metadata=metadata),
         metrics={"quantized_ops": float(converted),
                  "quantizable_ops": float(len(plan.candidates)),
                  "float_quantizable_ops": float(sum(left_float.values())),
@@ -376,6 +379,9 @@ def run(artifact: ModelArtifact, params: Params, ctx: StageContext) -> StageResu
               "biases_in_accumulator": len(fused),
               "excluded_nodes": hidden, "float_nodes": ks.records(plan.float_nodes()),
               "strides_equalized": equalized, **corrected[1],
+              # activations whose range the model's FakeQuant nodes gave
+              **({"trained_ranges": len({fake_quant_ranges.fake_quant_of(n)
+                                         for n in trained})} if trained else {}),
               **({"diagnostics": [no_kernel]} if no_kernel else {})},
         warnings=warnings)
 

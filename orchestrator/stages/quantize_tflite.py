@@ -21,14 +21,23 @@ float): that decides whether a DSP or an NPU can run it.
 from __future__ import annotations
 
 import re
+import time
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
 from pydantic import Field, field_validator
 
 from orchestrator.errors import DataError, ModelSourceError
 from orchestrator.limits import bounded
 from orchestrator.model.artifact import ModelArtifact
-from orchestrator.quant.knobs import FLOAT, INT16_ACTIVATIONS, FoundLayers, Knobs, with_params
+from orchestrator.quant.knobs import (
+    FLOAT,
+    INT16_ACTIVATIONS,
+    FoundLayers,
+    Knobs,
+    Method,
+    with_params,
+)
 from orchestrator.quant.litert_quantizer import (
     DYNAMIC_RANGE_FALLBACK,
     DYNAMIC_SCHEME,
@@ -56,6 +65,8 @@ if TYPE_CHECKING:
 LAYER_ERROR_LIMIT = 0.7
 
 
+# Learned rounding's optimizer steps per layer (most of its gain by then: docs/litert.md).
+ROUNDING_ITERATIONS = 300
 TSV_FIELDS = ("node", "op", "rmse_over_scale", "nmse", "added_nmse", "sqnr_db", "scale")
 # What the file computes in, as convert_tflite's modes name it for the runtime's cost
 # (benchmark's device estimate takes "int8" as int8 kernels' speed). Int16 activations run
@@ -94,8 +105,28 @@ class Params(StageParams):
         "tensors and the conversion metadata (the signature and the input and output "
         "names stay). Per-channel zero points stay: LiteRT refuses a file without one "
         "per scale.")
+    ranges: Literal["min_max", "mse"] = Field(
+        "min_max", description="Static schemes: each activation's range from the "
+        "representative data. min_max: the smallest range that holds every value seen; "
+        "mse: the clipping that minimises int8's squared error (clipping plus rounding), "
+        "so that rare large values no longer widen every step.")
+    rounding: Literal["nearest", "learned"] = Field(
+        "nearest", description="Static schemes: int8 weights rounded to the nearest step, "
+        "or learned: each layer's weights rounded up or down to match the float layer's "
+        "outputs on the representative data (AdaRound), layer by layer on what the "
+        "quantized layers before it give, then its bias corrected.")
+    fine_tune: bool = Field(
+        False, description="Static schemes: trained ranges. Before quantizing, the float "
+        "model's weights and activation ranges are fine-tuned with LiteRT's int8 "
+        "arithmetic simulated (fake quantization), to match the float model's own outputs "
+        "on the representative data (no labels needed); the file is quantized with the "
+        "trained ranges. Works from every model source: it trains the float .tflite's "
+        "weights.")
+    fine_tune_steps: bounded("train_steps") = Field(
+        300, description="fine_tune: optimizer steps, one representative batch each.")
     guard: bool = Field(
-        False, description="When a target's quality budget breaks, move the layers that "
+        False, description="When a target's quality budget breaks, try the int8 methods "
+        "(ranges by error, learned rounding, trained ranges), then move the layers that "
         "add the most error to int16 activations (a16w8), and to float only where no "
         "integer scheme holds (see orchestrator/guard/); each trial is tracked.")
 
@@ -127,22 +158,33 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
     float_model, rewritten = rewrite_for_quantizer(float_model)
     static = _calibrates(params)
     ctx, samples_used = counting_samples(ctx)
+    info: dict[str, Any] = {}
+    batches = list(_batches(ctx, params.calibration_samples, params.calibration_batch)) \
+        if static else []
     try:
-        made = aeq.quantizer_for(float_model, params.scheme, params.layers,
+        tuned, fixed_ranges = _trained(float_model, given, params, batches, ctx, info)
+        made = aeq.quantizer_for(tuned, params.scheme, params.layers,
                                  params.per_channel, float_io=params.io == "float")
-        calibration = (aeq.signature_batches(float_model, _batches(
-            ctx, params.calibration_samples, params.calibration_batch)) if static else None)
-        quantized = aeq.quantize(made, calibration, ctx.log)
+        calibration = aeq.signature_batches(tuned, batches) if static else None
+        quantized = aeq.quantize(made, calibration, ctx.log, ranges=params.ranges,
+                                 fixed_ranges=fixed_ranges or None)
+        if params.rounding == "learned" and static:
+            from orchestrator.quant.learned_rounding import learn_rounding
+
+            started = time.monotonic()
+            quantized, info["learned_rounding"] = learn_rounding(
+                tuned, quantized, batches, iterations=ROUNDING_ITERATIONS, log=ctx.log)
+            info["method_seconds"] = {**info.get("method_seconds", {}), "learned_rounding":
+                                      round(time.monotonic() - started, 3)}
     except ValueError as exc:
         raise ModelSourceError(f"the LiteRT Quantizer could not quantize this model with "
-                               f"{params.scheme}: {exc}") from exc
+                               f"{params.scheme}{_methods_words(params)}: {exc}") from exc
     named, shrunk = quantized, {}  # the quantizer's comparison goes by the tensors' names
     if params.shrink:
         quantized, shrunk = tflite_bytes.shrink(quantized)
     verdict = computes_in(quantized)
     float_left = float_ops(quantized) if verdict == "int8+float" else {}
-    info: dict[str, Any] = {"computes_in": verdict,
-                            "bytes_by_kind": tflite_bytes.bytes_by_kind(quantized)}
+    info.update({"computes_in": verdict, "bytes_by_kind": tflite_bytes.bytes_by_kind(quantized)})
     if shrunk:
         info["shrink"] = {k: v for k, v in shrunk.items() if v}
     if rewritten:  # ops the quantizer has no rule for, as equivalents it has
@@ -152,7 +194,7 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
     if params.diagnostic_samples and ctx.representative is not None:
         data = aeq.signature_batches(float_model, _batches(
             ctx, params.diagnostic_samples, params.calibration_batch))
-        info["layer_errors"] = aeq.tensor_errors(made, data, named,
+        info["layer_errors"] = aeq.tensor_errors(float_model, named, data,
                                                  aeq.float_layers(float_model), ctx.log)
         metrics.update(_error_metrics(info["layer_errors"]))
         diagnostics += _flagged(info["layer_errors"])
@@ -161,6 +203,7 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
         diagnostics.append(f"computes in float in the quantized model: {listed}")
     info["tflite"] = {"mode": MODES[verdict], "scheme": params.scheme,
                       "layers": dict(params.layers), "io": params.io,
+                      "int8_methods": _methods_used(params, static),
                       "computes_in": verdict, "computes_in_text": DESCRIPTIONS[verdict],
                       "ops": describe(quantized).op_counts, "float_ops": float_left}
     if diagnostics:
@@ -179,6 +222,42 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
 
         result.files["layer_errors.tsv"] = table_tsv(info["layer_errors"], TSV_FIELDS).encode()
     return result
+
+
+def _trained(float_model: bytes, given: ModelArtifact, params: Params,
+             batches: list[np.ndarray], ctx: StageContext, info: dict[str, Any]
+             ) -> tuple[bytes, dict[str, tuple[float, float]]]:
+    """The float model to quantize and the ranges that replace calibrated ones: the
+    model's own trained ranges (FakeQuant nodes, carried by convert_tflite), then, with
+    fine_tune, the weights and ranges trained here."""
+    fixed = {name: (float(low), float(high)) for name, (low, high)
+             in (given.metadata.get("trained_ranges") or {}).items()}
+    if fixed:
+        info["trained_ranges_from_model"] = len(fixed)
+    if not (params.fine_tune and batches):
+        return float_model, fixed
+    from orchestrator.quant.trained_ranges import fine_tune
+
+    started = time.monotonic()
+    trained = fine_tune(float_model, batches, steps=params.fine_tune_steps, log=ctx.log)
+    info["fine_tune"] = trained.report
+    info["method_seconds"] = {"fine_tune": round(time.monotonic() - started, 3)}
+    return trained.float_model, {**fixed, **trained.ranges}
+
+
+def _methods_used(params: Params, static: bool) -> list[str]:
+    """The int8 methods this file was made with (none but min-max for dynamic schemes)."""
+    if not static:
+        return []
+    return [f"ranges: {params.ranges}", f"rounding: {params.rounding}",
+            *(["fine_tune (trained ranges)"] if params.fine_tune else [])]
+
+
+def _methods_words(params: Params) -> str:
+    words = [w for w, on in (("ranges by error", params.ranges == "mse"),
+                             ("learned rounding", params.rounding == "learned"),
+                             ("trained ranges", params.fine_tune)) if on]
+    return f" ({', '.join(words)})" if words else ""
 
 
 def _batches(ctx: StageContext, samples: int, batch: int) -> Any:
@@ -227,10 +306,15 @@ def data_for(params: Params) -> dict[str, str]:
 
 
 def _candidate(params: Params, candidate: Candidate) -> Params:
-    """The layers a guard candidate moves, by exact name, on top of the recipe's own
-    patterns (later patterns win); the fallback is dynamic range everywhere."""
+    """The int8 methods a guard candidate turns on, and the layers it moves, by exact name,
+    on top of the recipe's own patterns (later patterns win); the fallback is dynamic
+    range everywhere."""
     if candidate.fallback:
         return with_params(params, scheme=DYNAMIC_SCHEME, layers={})
+    methods = {name: value for name, value in candidate.options
+               if name in METHOD_OPTIONS and value is not None}
+    if methods:
+        params = with_params(params, **methods)
     wide, floats = candidate.nodes_in(INT16_ACTIVATIONS.name), candidate.nodes_in(FLOAT.name)
     if not (wide or floats):
         return params
@@ -254,9 +338,21 @@ def _layers(source: LayerSource) -> FoundLayers:
 # out of int8 moves the output little; wider activations on many layers at once do help, and
 # keep the int8 weights and integer compute: every layer a16w8, then bisect the fewest that
 # need it (orchestrator/guard/bisect.py).
+# The int8 methods, cheapest to find first (seconds on the photo mini-Xception, this host:
+# docs/litert.md); each keeps every layer in int8.
+METHODS = (
+    Method("ranges chosen by error", "ranges -> chosen by error (mse)", (("ranges", "mse"),)),
+    Method("learned rounding, ranges by error", "weights -> learned rounding, ranges by error",
+           (("ranges", "mse"), ("rounding", "learned"))),
+    Method("trained ranges (quantization-aware fine-tuning)",
+           "fine-tuned with int8 simulated -> trained ranges", (("fine_tune", True),)),
+)
+METHOD_OPTIONS = frozenset(name for method in METHODS for name, _ in method.options)
+
 KNOBS = Knobs(
     layers=_layers,
     ladder=(INT16_ACTIVATIONS, FLOAT),
+    methods=METHODS,
     search="bisect",
     kernels="an integer LiteRT file (int8, int16 activations where needed, float only "
             "where neither held)",

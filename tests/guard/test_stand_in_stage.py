@@ -151,6 +151,15 @@ def test_the_guard_searches_a_stage_it_has_never_heard_of(
     assert all("levels" in t["settings"] for t in trials)
     if chosen[0]["settings"]["levels"] is not None:
         assert f"levels: {chosen[0]['settings']['levels']}" in page
-    assert variant["accuracy_drop"] == chosen[0]["accuracy_drop"]
+    # trials are judged on the search part of the evaluation data; the chosen one again on
+    # the held-out part, and those figures are the variant's
+    confirmed = variant["guard_confirmation"]
+    assert confirmed["trial"] == chosen[0]["trial"]
+    assert confirmed["search"]["accuracy_drop"] == chosen[0]["accuracy_drop"]
+    assert variant["accuracy_drop"] == confirmed["held_out"]["accuracy_drop"]
+    samples = confirmed["search"]["evaluation_samples"], confirmed["held_out"][
+        "evaluation_samples"]
+    assert samples[1] < samples[0] and abs(samples[1] / sum(samples) - 0.25) < 0.02
+    assert confirmed["meets_budgets"] == (variant["accuracy_drop"] <= 0.02)
     assert [d["trial"] for d in variant["guard_decisions"]] == [
         t["trial"] for t in trials[1:]]

@@ -1,0 +1,128 @@
+"""Keras's MobileNetV2 (alpha 0.35, 96x96 RGB, 7 classes) trained here on real photo crops:
+a model of the architecture people ship, that nobody here designed (issue 41's fifth model).
+
+`keras.applications.MobileNetV2(alpha=0.35, weights=None)`: nothing is downloaded, the
+layers are the package's own (inverted residuals, depthwise 3x3 convolutions, ReLU6, batch
+norm, a softmax classifier; about 0.4M params). One change for a short training: batch
+norm's moving averages follow each batch with momentum 0.9, not the package's 0.999, which
+after a few hundred steps would still hold mostly their initial values (the trained
+classifier would answer at chance at inference).
+
+The data are the photo mini-Xception's (models_photo_xception.py: one photo a class, shipped
+by scikit-image and scikit-learn), here in colour: each sample a random square window (side
+64-256 px) resized to 96x96 RGB, randomly mirrored, with contrast and brightness jitter,
+scaled to [-1, 1] as MobileNetV2's preprocessing does. The camera photo is grayscale: its
+channel repeated. Train, calibration and test crops come from separate random streams.
+Trained briefly, seeded and deterministic (model_builds.deterministic: one thread; a few
+minutes on this machine). `make(out)` writes `model.keras` and `data.npz` (x_calib, x_test,
+y_test).
+
+    cd benchmarks && python -m testbed.models_mobilenet_photos OUT_DIR [--epochs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+import numpy as np  # noqa: E402
+
+from testbed.model_builds import deterministic, fit  # noqa: E402
+from testbed.models_photo_xception import CLASSES  # noqa: E402
+
+SEED = 2041
+SIZE = 96
+ALPHA = 0.35
+BN_MOMENTUM = 0.9
+INPUT_NAME = "image"
+EPOCHS = 5
+TRAIN_PER_CLASS, CALIB_PER_CLASS, TEST_PER_CLASS = 200, 40, 60
+
+
+def photos() -> list[np.ndarray]:
+    """The class photos as float32 RGB in [0, 1], in CLASSES order."""
+    from skimage import data
+    from sklearn.datasets import load_sample_images
+
+    sample = dict(zip(("china", "flower"), load_sample_images().images, strict=True))
+    images = []
+    for name in CLASSES:
+        image = sample[name] if name in sample else getattr(data, name)()
+        image = image.astype(np.float32) / 255.0
+        if image.ndim == 2:
+            image = np.repeat(image[..., None], 3, axis=-1)
+        images.append(image[..., :3])
+    return images
+
+
+def crops(images: list[np.ndarray], per_class: int, seed: int
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """(N, 96, 96, 3) float32 in [-1, 1] and (N,) int64 labels, from one random stream."""
+    from skimage.transform import resize
+
+    rng = np.random.default_rng(seed)
+    x, y = [], []
+    for label, image in enumerate(images):
+        height, width = image.shape[:2]
+        for _ in range(per_class):
+            side = int(rng.integers(64, min(256, height, width) + 1))
+            top, left = rng.integers(0, height - side + 1), rng.integers(0, width - side + 1)
+            window = resize(image[top:top + side, left:left + side], (SIZE, SIZE),
+                            anti_aliasing=True)
+            if rng.random() < 0.5:
+                window = window[:, ::-1]
+            window = np.clip(window * rng.uniform(0.7, 1.3) + rng.uniform(-0.15, 0.15), 0, 1)
+            x.append(window)
+            y.append(label)
+    return (np.asarray(x, np.float32) - 0.5) * 2.0, np.asarray(y, np.int64)
+
+
+def build_model():  # noqa: ANN201
+    """Keras's MobileNetV2 (input `image`, softmax over the classes), batch norm momentum
+    BN_MOMENTUM."""
+    import keras
+
+    inputs = keras.Input((SIZE, SIZE, 3), name=INPUT_NAME)
+    model = keras.applications.MobileNetV2(input_shape=(SIZE, SIZE, 3), alpha=ALPHA,
+                                           weights=None, classes=len(CLASSES),
+                                           input_tensor=inputs)
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.momentum = BN_MOMENTUM
+    return model
+
+
+def make(out: Path, epochs: int = EPOCHS) -> dict[str, float]:
+    """Train, then write out/model.keras and out/data.npz; returns accuracy, params and
+    epochs."""
+    import keras
+
+    deterministic(SEED)
+    images = photos()
+    x_train, y_train = crops(images, TRAIN_PER_CLASS, SEED)
+    x_calib, _ = crops(images, CALIB_PER_CLASS, SEED + 1)
+    x_test, y_test = crops(images, TEST_PER_CLASS, SEED + 2)
+    model = build_model()
+    model.compile(optimizer=keras.optimizers.Adam(2e-3),
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    fit(model, x_train, y_train, epochs=epochs, batch_size=32, shuffle=True, verbose=0)
+    _, accuracy = model.evaluate(x_test, y_test, verbose=0)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save(out / "model.keras")
+    np.savez(out / "data.npz", x_calib=x_calib, x_test=x_test, y_test=y_test)
+    return {"accuracy": float(accuracy), "params": float(model.count_params()),
+            "epochs": epochs, "chance": 1.0 / len(CLASSES)}
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--epochs", type=int, default=EPOCHS)
+    args = parser.parse_args()
+    print(json.dumps(make(args.out, args.epochs)))
