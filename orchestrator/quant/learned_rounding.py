@@ -70,12 +70,13 @@ class _Layer:
 
 
 def learn_rounding(float_model: bytes, quantized: bytes, batches: list[np.ndarray], *,
-                   iterations: int = 300, log: Any, seed: int = SEED
-                   ) -> tuple[bytes, dict[str, Any]]:
+                   iterations: int = 300, log: Any, seed: int = SEED,
+                   correct_bias: bool = True) -> tuple[bytes, dict[str, Any]]:
     """`quantized` (the LiteRT Quantizer's static int8 file of `float_model`, unshrunk) with
     its int8 weights re-rounded to match each float layer's output on `batches`, and its
-    int32 biases corrected; and a report: per layer its output error before and after
-    (relative to the float output's power), the layers skipped and why, and seconds.
+    int32 biases corrected (unless not `correct_bias`); and a report: per layer its output
+    error before and after (relative to the float output's power), the layers skipped and
+    why, and seconds.
     ValueError when `quantized` is not a static int8 file."""
     from ai_edge_litert.tools import flatbuffer_utils
 
@@ -99,8 +100,8 @@ def learn_rounding(float_model: bytes, quantized: bytes, batches: list[np.ndarra
         q_input = _run(current, rows, {layer.q_input})[layer.q_input]
         try:
             row = _relearn(q_model, layer, q_input, f_tensors[layer.f_input],
-                           f_tensors[layer.f_output], iterations,
-                           rng, seed + number)
+                           f_tensors[layer.f_output], iterations, rng, seed + number,
+                           correct_bias)
         except _Unfit as exc:
             skipped.append({"layer": layer.name, "op": layer.op, "why": str(exc)})
             continue
@@ -320,8 +321,8 @@ def _activate(y: Any, activation: int) -> Any:
 
 
 def _relearn(q_model: Any, layer: _Layer, q_input: np.ndarray, f_input: np.ndarray,
-             f_output: np.ndarray, iterations: int, rng: np.random.Generator, seed: int
-             ) -> dict[str, Any]:
+             f_output: np.ndarray, iterations: int, rng: np.random.Generator, seed: int,
+             correct_bias: bool) -> dict[str, Any]:
     """Re-round one layer's weights and correct its bias in `q_model`; its report row."""
     graph = q_model.subgraphs[0]
     linear = _Linear(layer)
@@ -381,7 +382,7 @@ def _relearn(q_model: Any, layer: _Layer, q_input: np.ndarray, f_input: np.ndarr
 
     corrected = 0
     new_bias_int = bias_int
-    if bias_int is not None:
+    if bias_int is not None and correct_bias:
         shift = np.mean(f_pre - pre, axis=0)
         steps = np.round(shift / bias_scale).astype(np.int64)
         trial_int = np.clip(bias_int + steps, -(2 ** 31) + 1, 2 ** 31 - 1)

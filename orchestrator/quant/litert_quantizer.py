@@ -7,8 +7,9 @@ this module adds around it:
   matches them), `float` keeping a layer out;
 - float model inputs and outputs by default (the app feeds floats; QUANTIZE / DEQUANTIZE
   at the edges), or int8 ones;
-- calibration on the recipe's representative data in batches (the quantizer keeps a
-  moving average of each batch's min and max);
+- calibration on the recipe's representative data in batches (the true min and max over
+  all of them), or ranges chosen by error (`ranges="mse"`: quant/range_search), or ranges
+  given by tensor name (`fixed_ranges`: trained, or read from FakeQuant nodes);
 - the quantizer's own per-tensor comparison (float model against quantized, every tensor,
   on the same inputs) as per-layer error rows, and each layer's inputs, so that the
   guard can rank layers by the error each one adds.

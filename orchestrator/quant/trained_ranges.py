@@ -27,8 +27,8 @@ import numpy as np
 # Adam steps, relative to each variable's size: a weight's largest magnitude, a range's
 # width. The weights move by fractions of an int8 step (1/127 of the largest);
 # a range may move a few percent.
-WEIGHT_STEP = 2e-4
-RANGE_STEP = 2e-3
+WEIGHT_STEP = 5e-5
+RANGE_STEP = 5e-3
 BETAS, EPSILON = (0.9, 0.999), 1e-8
 
 
@@ -76,14 +76,14 @@ def fine_tune(float_model: bytes, batches: list[np.ndarray], *, steps: int, log:
         return tf.add_n([tf.reduce_mean(tf.square(g - w)) / p
                          for g, w, p in zip(got, wanted, powers, strict=True)])
 
-    @tf.function(reduce_retracing=True)
+    @tf.function(reduce_retracing=True, autograph=False)
     def train_step(x: Any, wanted: list[Any]) -> Any:
         with tf.GradientTape() as tape:
             loss = loss_on(x, wanted)
         adam.apply(tape.gradient(loss, variables))
         return loss
 
-    evaluate = tf.function(loss_on, reduce_retracing=True)
+    evaluate = tf.function(loss_on, reduce_retracing=True, autograph=False)
 
     def mean_loss() -> float:
         return float(np.mean([evaluate(b, t).numpy() for b, t in zip(batches, targets,

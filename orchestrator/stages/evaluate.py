@@ -44,7 +44,8 @@ agreement and accuracy gets one-sided bounds, `<figure>_low` / `<figure>_high` (
 figure lies above `_low` 9 times in 10 at 0.9): `fidelity_low`, `accuracy_low`,
 `top1_agreement_low.<output>` by the Wilson score interval over the samples; the SQNR of
 each output, `sqnr_db_low.<output>` and `min_sqnr_db_low`, and `accuracy_drop_high` by a
-seeded bootstrap over the samples (a fidelity of energy kept: from its SQNR's bounds).
+seeded bootstrap over the samples (a fidelity of energy kept: from its SQNR's bounds; an
+accuracy drop with no sample where the two differ has bounds of 0).
 Quality budgets are met only at the bound (orchestrator/measure/budgets.py).
 `info["highest_meetable_agreement"]` is the lower bound of a perfect score on these samples:
 an agreement budget above it cannot be shown met.

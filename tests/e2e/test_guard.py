@@ -111,7 +111,8 @@ def test_the_console_says_cached_only_for_what_came_from_the_cache(
     # each trial line shows the budgeted figure beside its bound, then the guard's measure
     trial_lines = [line for line in guard_lines if re.search(r"trial \d+/3 ", line)]
     assert len(trial_lines) == tried and all(
-        re.search(r"accuracy drop \d\.\d{4} (≤|>) 0\.01; ranked by logit SQNR", line)
+        re.search(r"accuracy drop \d\.\d{4} \(90% upper bound \d\.\d{4}\) (≤|>) 0\.01; "
+                  r"ranked by logit SQNR", line)
         for line in trial_lines), trial_lines
     assert all(t["budget_figures"] for t in report["variants"]["int8"]["trials"])
     # the same run again: every trial from the cache, said once, none replayed

@@ -11,12 +11,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support import quant_fixtures
+from support.quant_fixtures import apply
 
 from orchestrator.model.litert_model import interpreter
 from orchestrator.quant import litert_quantizer as aeq
 from orchestrator.quant.learned_rounding import LAYER_OPS, learn_rounding
-from support import quant_fixtures
-from support.quant_fixtures import apply
 
 cnn, digits = quant_fixtures.cnn, quant_fixtures.digits
 LOG = logging.getLogger("test_learned_rounding")
@@ -61,9 +61,16 @@ def test_learned_rounding_is_closer_to_float_than_nearest(float_model, per_tenso
                                                           digits) -> None:  # noqa: ANN001
     x = digits["x_test"]  # held out: the rounding was fitted on x_calib
     reference = _outputs(float_model, x)
-    nearest = np.mean((_outputs(per_tensor, x) - reference) ** 2)
-    learned = np.mean((_outputs(relearned[0], x) - reference) ** 2)
-    assert learned < 0.8 * nearest, (learned, nearest)
+
+    def error(model: bytes) -> float:
+        return float(np.mean((_outputs(model, x) - reference) ** 2))
+
+    nearest = error(per_tensor)
+    # the rounding alone (measured 0.76 of nearest's error), then with bias correction (0.55)
+    rounded, _ = learn_rounding(float_model, per_tensor, _batches(digits), iterations=300,
+                                log=LOG, correct_bias=False)
+    assert error(rounded) < 0.9 * nearest, (error(rounded), nearest)
+    assert error(relearned[0]) < 0.7 * nearest, (error(relearned[0]), nearest)
     report = relearned[1]
     assert [row["op"] for row in report["layers"]] == ["CONV_2D", "CONV_2D",
                                                         "FULLY_CONNECTED", "FULLY_CONNECTED"]
