@@ -110,6 +110,8 @@ def guard_pipeline(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, 
     # int8 methods first where int16 activations would run on a CPU's reference kernels
     methods_first = search.unit == "cpu"
     start = _try_methods(search, baseline) if methods_first else baseline
+    if not start.ok and methods_first:
+        start = _ladder_start(search, baseline)
     if not start.ok:
         if knobs.search == "bisect":
             rows = found.ranking_rows if start is baseline and found.ranking_rows is not None \
@@ -146,6 +148,15 @@ def _try_methods(search: Search, start: Trial) -> Trial:
         current = search.try_variation(current, start.candidate.with_options(method.options),
                                        method.change, method.name)
     return current
+
+
+def _ladder_start(search: Search, baseline: Trial) -> Trial:
+    """Where the ladder climbs from when no method met the budgets: the closest to float
+    of the recipe's own settings and the trials of methods a wider rung builds on."""
+    stacking = [dict(m.options) for m in search.knobs.methods if m.stacks]
+    built_on = [t for t in search.trials if dict(t.candidate.options) in stacking
+                and not t.failed]
+    return max([baseline, *built_on], key=lambda t: t.closeness)
 
 
 def _conclude(search: Search, best: Trial, tune: Tune, fallback_possible: bool

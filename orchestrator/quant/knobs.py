@@ -142,6 +142,9 @@ class Method:
     name: str       # report.json's decision words: "ranges chosen by error"
     change: str     # the console's words for its trial
     options: tuple[tuple[str, Any], ...]
+    # whether wider rungs may build on it: ranges trained for int8 clip what int16
+    # activations would keep, so the ladder starts from a method that does not train them
+    stacks: bool = True
 
 
 @dataclass(frozen=True)

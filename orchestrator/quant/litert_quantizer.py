@@ -180,7 +180,7 @@ def quantize(made: Any, calibration: Mapping[str, list[dict[str, np.ndarray]]] |
             if ranges == "mse":
                 result = _searched(made, calibration, result, log)
             if fixed_ranges:
-                result = _fixed(result, fixed_ranges)
+                result = _fixed(result, fixed_ranges, _tensor_names(made), log)
         quantized = made.quantize(result, enable_progress_report=False)
     model = bytes(quantized.quantized_model)
     if result is None and (fixed_ranges or ranges != "min_max"):
@@ -191,11 +191,27 @@ def quantize(made: Any, calibration: Mapping[str, list[dict[str, np.ndarray]]] |
     return model
 
 
-def _fixed(result: dict[str, Any], fixed: Mapping[str, tuple[float, float]]
-           ) -> dict[str, Any]:
+def _tensor_names(made: Any) -> set[str]:
+    """Every tensor name of the quantizer's float model."""
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.convert_bytearray_to_object(made._float_model_buffer)
+    return {(t.name.decode() if isinstance(t.name, bytes) else str(t.name))
+            for subgraph in model.subgraphs for t in subgraph.tensors}
+
+
+def _fixed(result: dict[str, Any], fixed: Mapping[str, tuple[float, float]],
+           tensors: set[str], log: Any) -> dict[str, Any]:
+    """`result` with the ranges of `fixed`; a tensor of the model that calibrates no range
+    (a layer the recipe keeps in float) is skipped, a name the model lacks is an error."""
     import difflib
 
     known = [name for name, qsv in result.items() if qsv and _is_float_range(qsv)]
+    uncalibrated = [name for name in fixed if name not in known and name in tensors]
+    if uncalibrated:
+        log.debug("fixed ranges of %d tensor(s) not calibrated here (kept in float): %s",
+                  len(uncalibrated), ", ".join(uncalibrated[:5]))
+        fixed = {name: span for name, span in fixed.items() if name not in uncalibrated}
     unknown = [name for name in fixed if name not in known]
     if unknown:
         near = {n: difflib.get_close_matches(n, known, n=2, cutoff=0.5) for n in unknown[:3]}

@@ -7,7 +7,9 @@ distance of the fake-quantized model's outputs to the float model's own on the s
 representative inputs (distillation), each output's mean squared error over its float
 power, summed (a softmax output is matched on the logits it reads). Weights and ranges
 both train (Adam; the weights at a small step relative to their size, the ranges at a
-larger one); ranges start at each tensor's min and max over the data.
+larger one); ranges start at each tensor's min and max over the data. The loss over all
+the data is measured a few times along the way, and the best state is kept (the start,
+when nothing beat it: a model min-max already quantizes well must not lose to noise).
 
 The result is what the quantizer then takes: the float `.tflite` with the fine-tuned
 weights written back into its buffers (same ops, shapes and tensor names), and the
@@ -30,6 +32,7 @@ import numpy as np
 WEIGHT_STEP = 5e-5
 RANGE_STEP = 5e-3
 BETAS, EPSILON = (0.9, 0.999), 1e-8
+CHECKS = 6  # the loss on all the data measured this many times; the best state is kept
 
 
 @dataclass(frozen=True)
@@ -90,18 +93,27 @@ def fine_tune(float_model: bytes, batches: list[np.ndarray], *, steps: int, log:
                                                                      strict=True)]))
 
     before = mean_loss()
-    order = _order(len(batches), steps, seed)
-    for step, index in enumerate(order):
-        loss = train_step(batches[index], targets[index])
-        if step % 50 == 0:
-            log.debug("fine-tune step %d: loss %.4g", step, float(loss))
-    after = mean_loss()
+    best, best_step, kept = before, 0, [v.numpy() for v in variables]
+    every = max(steps // CHECKS, 1)
+    for step, index in enumerate(_order(len(batches), steps, seed), start=1):
+        train_step(batches[index], targets[index])
+        if step % every == 0 or step == steps:
+            loss = mean_loss()
+            log.debug("fine-tune step %d: loss %.4g", step, loss)
+            if loss < best:
+                best, best_step, kept = loss, step, [v.numpy() for v in variables]
+    # the best state seen on the data (the start when nothing beat it): a model that min-max
+    # already quantizes well gains nothing, and must not lose to the steps' noise
+    for variable, value in zip(variables, kept, strict=True):
+        variable.assign(value)
+    after = best
     tuned = replica.written_back()
     _check_written(tuned, replica)
     seconds = time.perf_counter() - started
     log.info("trained ranges: %d steps, loss %.4g -> %.4g in %.1fs", steps, before, after,
              seconds)
-    report = {"steps": steps, "loss_before": before, "loss_after": after,
+    report = {"steps": steps, "best_step": best_step, "loss_before": before,
+              "loss_after": after,
               "seconds": round(seconds, 3), "batches": len(batches),
               "quantized_ops": replica.quantized_ops(),
               "ranged_tensors": sorted(replica.ranges), "weights": len(weights)}

@@ -67,7 +67,7 @@ GUARD_ADVICE = re.compile(r"\.\s+Where a quality budget breaks, the guard \(.*$"
 INFO_SHOWN = ("ranges", "memmap", "encryption", "outputs", "layer_errors", "float_nodes",
               "computes_in", "bytes_by_kind", "bias_correction", "equalized", "host",
               "threads", "threads_matrix", "profile", "latency_runs_ms", "memory",
-              "estimate_basis")
+              "estimate_basis", "kernel_sets", "worst_kernel_set", "part", "confidence")
 
 
 def guard_on(nodes: list[Any]) -> bool:

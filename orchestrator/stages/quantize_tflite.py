@@ -345,7 +345,8 @@ METHODS = (
     Method("learned rounding, ranges by error", "weights -> learned rounding, ranges by error",
            (("ranges", "mse"), ("rounding", "learned"))),
     Method("trained ranges (quantization-aware fine-tuning)",
-           "fine-tuned with int8 simulated -> trained ranges", (("fine_tune", True),)),
+           "fine-tuned with int8 simulated -> trained ranges", (("fine_tune", True),),
+           stacks=False),
 )
 METHOD_OPTIONS = frozenset(name for method in METHODS for name, _ in method.options)
 

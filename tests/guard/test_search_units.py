@@ -154,3 +154,25 @@ def test_only_an_a16w8_device_prices_int16_as_native() -> None:
     npu = Device(flops_per_second=1e9, cores=1, ram_mb=64, a16w8=True)
     assert npu.compute_unit == "npu"
     assert FLOAT.costs("npu") > FLOAT.costs("cpu")
+
+
+def test_the_ladder_climbs_from_the_closest_method_it_can_build_on() -> None:
+    from orchestrator.guard.accuracy_guard import _ladder_start
+    from orchestrator.quant.knobs import Method
+
+    def trial(index: int, options: dict, closeness: float) -> GuardTrial:
+        made = GuardTrial(index, Candidate().with_options(tuple(options.items())), [], {},
+                          {"min_logit_sqnr_db": closeness}, ["no"], 1.0, "", 100)
+        return made
+
+    search = GuardSearch.__new__(GuardSearch)
+    search.knobs = type("K", (), {"methods": (
+        Method("ranges", "ranges", (("ranges", "mse"),)),
+        Method("trained", "trained", (("fine_tune", True),), stacks=False))})
+    baseline = trial(0, {}, 10.0)
+    search.trials = [baseline, trial(1, {"ranges": "mse"}, 12.0),
+                     trial(2, {"fine_tune": True}, 17.0)]
+    # trained ranges were closest, but int16 on top of ranges trained for int8 clips
+    assert _ladder_start(search, baseline).index == 1
+    search.trials[1] = trial(1, {"ranges": "mse"}, 9.0)
+    assert _ladder_start(search, baseline).index == 0

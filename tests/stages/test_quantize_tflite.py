@@ -250,3 +250,61 @@ def test_the_shipped_file_is_shrunk_and_computes_the_same(quantize, digits) -> N
                                             ).get_tensor_details()]
     assert sum(1 for n in names if n) <= 4  # input, output and their signature names
     assert small.info["layer_errors"] == full.info["layer_errors"]  # measured before
+
+
+def int8_weights(flatbuffer: bytes) -> dict[str, np.ndarray]:
+    """Every int8 constant of the file (its weights), by tensor name."""
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(flatbuffer))
+    subgraph = model.subgraphs[0]
+    return {(t.name or b"").decode(): np.frombuffer(bytes(model.buffers[t.buffer].data),
+                                                    np.int8)
+            for t in subgraph.tensors
+            if t.type == INT8 and model.buffers[t.buffer].data is not None}
+
+
+def logit_error(flatbuffer: bytes, reference: np.ndarray, x: np.ndarray) -> float:
+    """Mean squared error of the log-probabilities against float's."""
+    got = outputs(flatbuffer, x)
+    return float(np.mean((np.log(got + 1e-6) - np.log(reference + 1e-6)) ** 2))
+
+
+@pytest.mark.parametrize("method", [
+    {"ranges": "mse"}, {"rounding": "learned"}, {"fine_tune": True, "fine_tune_steps": 30}],
+    ids=["ranges", "rounding", "fine_tune"])
+def test_each_int8_method_keeps_full_integer_and_changes_the_numbers(
+        quantize, digits, reference, method) -> None:
+    """The stage's wiring of each int8 method: every op still int8 (int8 speed), the
+    method named in info, and the file's numbers moved from min-max's while staying close to
+    float (tests/quant/ prove each one helps where min-max loses)."""
+    plain = quantize(scheme="static_wi8_ai8", shrink=False)
+    made = quantize(scheme="static_wi8_ai8", shrink=False, **method)
+    assert made.info["computes_in"] == "int8"
+    assert [op for op, _, _ in op_types(made.artifact.payload)] == [
+        op for op, _, _ in op_types(plain.artifact.payload)]
+    used = made.info["tflite"]["int8_methods"]
+    assert ("ranges: mse" in used) == (method.get("ranges") == "mse")
+    assert ("rounding: learned" in used) == (method.get("rounding") == "learned")
+    assert ("fine_tune (trained ranges)" in used) == bool(method.get("fine_tune"))
+    x = digits["x_test"][:200]
+    got, before = made.artifact.payload, plain.artifact.payload
+    assert got != before
+    assert agreement(outputs(got, x), reference) >= 0.97
+    assert logit_error(got, reference, x) < 4 * logit_error(before, reference, x) + 1e-3
+    if method.get("rounding") == "learned":  # each weight one step at most from nearest
+        mine, nearest = int8_weights(got), int8_weights(before)
+        assert mine.keys() == nearest.keys()
+        changed = [n for n in mine if not np.array_equal(mine[n], nearest[n])]
+        assert changed and all(np.abs(mine[n].astype(int) - nearest[n]).max() <= 1
+                               for n in changed)
+        assert made.info["method_seconds"]["learned_rounding"] > 0
+    if method.get("fine_tune"):
+        assert made.info["fine_tune"]["steps"] == 30
+        assert made.info["method_seconds"]["fine_tune"] > 0
+
+
+def test_dynamic_schemes_take_no_int8_method(quantize) -> None:
+    made = quantize(scheme="dynamic_wi8_afp32", ranges="mse", rounding="learned")
+    assert made.info["tflite"]["int8_methods"] == []
+    assert "learned_rounding" not in made.info
