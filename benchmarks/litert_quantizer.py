@@ -388,7 +388,11 @@ def run_model(name: str, variants: list[str], bench: str, work: Path, board: str
     fp32_bytes = None
     for part, members in parts.items():
         while True:  # a variant that fails is a row saying why; the others run again
-            run_dir = work / "runs" / f"{name}_{part}"
+            # a part run for some of its variants gets its own folder: the files of the
+            # others (timed again below with every file of the model) stay
+            whole = [v for v, (p, _) in VARIANTS.items() if p == part]
+            run_dir = work / "runs" / (f"{name}_{part}" if members == whole or one_recipe
+                                       else f"{name}_{part}_{'-'.join(members)}")
             shutil.rmtree(run_dir, ignore_errors=True)  # a fresh store: nothing cached
             run_dir.mkdir(parents=True)
             recipe = run_dir / "recipe.yaml"

@@ -389,6 +389,41 @@ def advice(report: Mapping[str, Any]) -> list[tuple[str, str]]:
     return found
 
 
+# An agreement budget should tell a model at the budget apart from one this much worse.
+TELL_APART = 0.01
+
+
+def sample_advice(report: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """("data.evaluation", warning) per agreement budget the evaluation set is too small
+    to judge: fewer samples than it takes for a model measured at the budget to be told
+    apart from one TELL_APART below it, at the figures' confidence."""
+    from orchestrator.measure.confidence import samples_needed
+
+    judged = [v for v in report["variants"].values()
+              if (v.get("metrics") or {}).get("evaluation_samples")]
+    if not judged:
+        return []
+    samples = int(min(v["metrics"]["evaluation_samples"] for v in judged))
+    confidence = next((v["confidence"] for v in judged if v.get("confidence")), 0.9)
+    found = []
+    for target, facts in (report.get("targets") or {}).items():
+        budgets = facts.get("budgets") or {}
+        agreements = [("min_fidelity", budgets.get("min_fidelity"))] + [
+            (f"outputs.{name}.min_agreement", each.get("min_agreement"))
+            for name, each in (budgets.get("outputs") or {}).items()]
+        for field_name, budget in agreements:
+            if budget is None or not TELL_APART < budget < 1:
+                continue
+            needed = samples_needed(budget, budget - TELL_APART, confidence)
+            if samples < needed:
+                found.append(("data.evaluation", (
+                    f"{samples} evaluation samples judge {target}'s {field_name} {budget:g}; "
+                    f"telling a model at {budget:g} apart from one at "
+                    f"{budget - TELL_APART:g} takes {needed} (Wilson, "
+                    f"{confidence:.0%} one-sided): a verdict on fewer is mostly noise")))
+    return found
+
+
 def console_warnings(report: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(where, warning) for under the summary table: what the run's end found (the guard's
     verdict, skipped inputs, advice), never a stage's warning again (the progress display
@@ -397,7 +432,7 @@ def console_warnings(report: Mapping[str, Any]) -> list[tuple[str, str]]:
     for name, variant in report["variants"].items():
         said = {w for stage in variant.get("stages") or [] for w in stage.get("warnings") or []}
         found += [(name, w) for w in variant.get("warnings") or [] if w not in said]
-    found += advice(report)
+    found += advice(report) + sample_advice(report)
     for role, summary in (report.get("data") or {}).items():
         if summary.get("skipped_inputs"):
             names = ", ".join(Path(f).name for f in summary["skipped_files"][:5])
