@@ -30,7 +30,7 @@ from orchestrator.measure.budgets import (
     quality_shortfall,
     quality_violations,
 )
-from orchestrator.quant.knobs import Candidate, Knobs, Layer
+from orchestrator.quant.knobs import PRECISIONS, Candidate, Knobs, Layer
 from orchestrator.quant.layer_errors import worst_first
 from orchestrator.spec.devices import resolve_device
 from orchestrator.spec.models import Tune
@@ -239,17 +239,26 @@ class Search:
             else 1
 
     def why_chosen(self, chosen: Trial) -> str:
-        """Why the chosen trial ships, in one line: what it computes in and what it beat."""
-        met = [t for t in self.trials if t.ok]
+        """Why the chosen trial ships, in one line: what decided it over the runner-up."""
+        met = sorted((t for t in self.trials if t.ok), key=functools.cmp_to_key(self._faster))
         if not chosen.ok or len(met) < 2:
             return ""
-        latency = chosen.latency_ms(self.target)
-        where = f", {latency:.3g} ms on {self.target}" if latency else ""
-        unit = "an a16w8 accelerator" if self.unit != "cpu" else "a CPU"
-        return (f"trial {chosen.index} ships: of the {len(met)} trials that meet the "
-                f"budgets, the cheapest compute on {unit} (int16 activations run on "
-                f"reference kernels there{'' if self.unit == 'cpu' else ': not here'}), "
-                f"then the fastest{where}, then the smallest")
+        runner_up = met[1]
+        unit = "a CPU" if self.unit == "cpu" else "an a16w8 accelerator"
+        mine, theirs = chosen.latency_ms(self.target), runner_up.latency_ms(self.target)
+        if chosen.cost(self.unit) != runner_up.cost(self.unit):
+            prices = ", ".join(f"{p.words} {p.costs(self.unit)}" for p in PRECISIONS.values()
+                               if p.costs(self.unit))
+            why = (f"the cheapest compute on {unit}, its layers out of int8 costing "
+                   f"{chosen.cost(self.unit)} against trial {runner_up.index}'s "
+                   f"{runner_up.cost(self.unit)} (per layer: {prices})")
+        elif mine and theirs and max(mine, theirs) > LATENCY_NOISE * min(mine, theirs):
+            why = (f"as cheap to compute as trial {runner_up.index}, and faster on "
+                   f"{self.target}: {mine:.3g} ms against {theirs:.3g} ms")
+        else:
+            why = (f"as cheap and as fast as trial {runner_up.index}, and smaller: "
+                   f"{chosen.size_bytes or 0:,} bytes against {runner_up.size_bytes or 0:,}")
+        return f"trial {chosen.index} ships, of the {len(met)} that meet the budgets: {why}"
 
     def stages_with(self, candidate: Candidate) -> list[tuple[str, BaseModel]]:
         """The pipeline's stages with the candidate on top of the recipe's own params; a

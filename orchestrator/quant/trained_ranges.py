@@ -21,6 +21,7 @@ model source the recipe takes fine-tunes alike.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,10 +46,13 @@ class TrainedModel:
 
 
 def fine_tune(float_model: bytes, batches: list[np.ndarray], *, steps: int, log: Any,
-              seed: int = 0) -> TrainedModel:
+              seed: int = 0, initial_ranges: Mapping[str, tuple[float, float]] | None = None
+              ) -> TrainedModel:
     """Fine-tune `float_model`'s weights and activation ranges for `steps` Adam steps, one
     batch of `batches` (the representative data) a step, shuffled by `seed`; ValueError
-    naming the ops the replica cannot build."""
+    naming the ops the replica cannot build. `initial_ranges` (tensor name -> (min, max),
+    say a model's own FakeQuant ranges) start those tensors' ranges instead of the data's
+    min and max."""
     import tensorflow as tf
 
     from orchestrator.quant.tflite_replica import Replica
@@ -60,6 +64,10 @@ def fine_tune(float_model: bytes, batches: list[np.ndarray], *, steps: int, log:
     replica = Replica(float_model)
     batches = [np.asarray(b, dtype=np.float32) for b in batches]
     replica.initialise_ranges(batches)
+    for name, (low, high) in (initial_ranges or {}).items():
+        if name in replica.ranges:
+            replica.ranges[name][0].assign(min(float(low), 0.0))
+            replica.ranges[name][1].assign(max(float(high), 0.0))
     targets = [[t.numpy() for t in replica.logits(b, quantize=False)] for b in batches]
     powers = [max(float(np.mean(np.concatenate([t[k].reshape(-1) for t in targets]) ** 2)),
                   1e-12) for k in range(len(targets[0]))]

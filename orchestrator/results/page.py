@@ -39,6 +39,8 @@ def _describe_settings(settings: Mapping[str, Any] | None, scope: str = "") -> s
         if isinstance(value, list):
             value = ", ".join(layer_name(str(v), scope) for v in value[:4]) + (
                 f" and {len(value) - 4} more" if len(value) > 4 else "")
+        elif isinstance(value, bool):  # as the recipe writes it
+            value = str(value).lower()
         parts.append(f"{key}: {value}")
     return "; ".join(parts) or "the recipe's own"
 

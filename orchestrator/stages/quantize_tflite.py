@@ -239,7 +239,8 @@ def _trained(float_model: bytes, given: ModelArtifact, params: Params,
     from orchestrator.quant.trained_ranges import fine_tune
 
     started = time.monotonic()
-    trained = fine_tune(float_model, batches, steps=params.fine_tune_steps, log=ctx.log)
+    trained = fine_tune(float_model, batches, steps=params.fine_tune_steps, log=ctx.log,
+                        initial_ranges=fixed or None)  # a model's own ranges: the start
     info["fine_tune"] = trained.report
     info["method_seconds"] = {"fine_tune": round(time.monotonic() - started, 3)}
     return trained.float_model, {**fixed, **trained.ranges}
