@@ -40,11 +40,12 @@ kernel sets) on every model; its host p50 within 1.15x of aeq_int8's and its siz
 1.05x; found in under 5 minutes. Exit 1 when one is missed (not judged with --quick).
 
     .venv/bin/python benchmarks/litert_quantizer.py [--models xception,onet,audio,digits,mobilenet]
-        [--variants fp32,aeq_int8,...] [--work DIR] [--board qemu://aarch64?cpu=cortex-a76]
-        [--quick]
+        [--variants fp32,aeq_int8,...] [--work DIR] [--board qemu://aarch64?cpu=cortex-a76
+        [--board-only]] [--quick]
 
---board adds `connect:` to aeq_guard's target: its file is also run on that board (top-1
-agreement with this host per class output, else the largest abs difference).
+--board: aeq_int8's and aeq_guard's files also run on that board (one thread), on the whole
+evaluation set: their figures there against the float graph's, and the largest difference
+from this host's outputs (--board-only: on the files of an earlier run in --work).
 --quick: the digits CNN, fp32, aeq_int8 and aeq_guard in one recipe, 20 timed runs.
 """
 
@@ -338,7 +339,8 @@ def table(name: str, rows: list[dict[str, Any]]) -> str:
              "|---|---:|---:|---|---|---|---|---:|---:|---:|" + ("---|" if board else "")]
     for r in rows:
         if r.get("failed"):
-            lines.append(f"| {r['variant']} | failed: {r['failed'][-160:]} |")
+            reason = r["failed"].split("]: ", 1)[-1]  # without the recipe's file and line
+            lines.append(f"| {r['variant']} | failed: {reason[:200]} |")
             continue
         sets = r["kernel_sets"]
         default = sets.get("default") or sets.get("tensorflow") or {}
@@ -441,6 +443,55 @@ def run_model(name: str, variants: list[str], bench: str, work: Path, board: str
     return [rows[v] for v in variants if v in rows]
 
 
+def board_figures(name: str, rows: list[dict[str, Any]], work: Path, board: str,
+                  variants: tuple[str, ...] = ("aeq_int8", "aeq_guard")) -> None:
+    """Each of `variants`' files run on `board` on the whole evaluation set (one thread):
+    row["board"] holds its figures there against the float graph's (as on this host) and
+    against this host's outputs for the same file."""
+    import numpy as np
+
+    from orchestrator.boards import measurement
+    from orchestrator.boards.session import shared_session
+    from orchestrator.boards.urls import parse_device_url
+    from orchestrator.measure.fidelity import CLASS_KINDS, compare, output_names
+    from orchestrator.measure.litert_runtime import LiteRTRunner
+    from orchestrator.measure.tf_runtime import open_runner
+    from orchestrator.model import kinds
+
+    fields = model_fields(name, work)
+    x = np.load(fields.get("eval_data", fields["data"]))[fields["inputs"]]
+    by = {r["variant"]: r for r in rows if not r.get("failed")}
+
+    def load(folder: Path) -> Any:
+        model = next(p for p in folder.iterdir() if p.name.startswith("model."))
+        return kinds.load(model.read_bytes(), (folder / "signature.json").read_text())
+
+    with open_runner(load(Path(by["fp32"]["folder"]))) as runner:
+        references = runner.predict_all(x, 64)
+    url = parse_device_url(board)
+    session = shared_session(url, url.text)
+    for variant in variants:
+        if variant not in by:
+            continue
+        model = load(Path(by[variant]["folder"]))
+        names = output_names(model.outputs, model.metadata)
+        with LiteRTRunner(model, num_threads=1) as runner:
+            host = runner.predict_all(x, 64)
+        reply = measurement.measure(session, model, None, x, [1], warmup=1, runs=3,
+                                    samples=len(x), timeout=1800)
+        there = [np.asarray(o, np.float32) for o in reply["outputs"]]
+        figures, with_host = {}, {}
+        for output, mine, ref, own in zip(names, there, references, host, strict=True):
+            kind = "class_scores" if (name not in ("audio", "onet")
+                                      or output == "face_prob") else "values"
+            key = "top1_agreement" if kind in CLASS_KINDS else "sqnr_db"
+            figures[output] = compare(mine, ref, kind)[key]
+            with_host[output] = float(np.max(np.abs(mine - own)))
+        by[variant]["board"] = (f"{_outputs(figures)} (max abs diff with this host: "
+                                + ", ".join(f"{o} {d:.2g}" for o, d in with_host.items())
+                                + ")")
+
+
 def retime(name: str, rows: list[dict[str, Any]], work: Path, rounds: int, runs: int
            ) -> None:
     """Every LiteRT row's p50_ms from one interleaved timing of all the model's files (the
@@ -462,8 +513,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help=f"a subset of {', '.join(VARIANTS)}")
     parser.add_argument("--work", type=Path, default=DEFAULT_WORK)
-    parser.add_argument("--board", help="also run aeq_guard's file on this board (a "
-                        "target's connect: URL, e.g. qemu://aarch64?cpu=cortex-a76)")
+    parser.add_argument("--board", help="also run aeq_int8's and aeq_guard's files on this "
+                        "board (a connect: URL, e.g. qemu://aarch64?cpu=cortex-a76) on the "
+                        "evaluation set")
+    parser.add_argument("--board-only", action="store_true",
+                        help="run nothing again: the rows of an earlier run in --work, on "
+                        "--board")
     parser.add_argument("--quick", action="store_true",
                         help="digits, fp32, aeq_int8 and aeq_guard, 20 timed runs: proves "
                         "the script still works (its goals are not judged)")
@@ -482,13 +537,18 @@ def main(argv: list[str] | None = None) -> int:
     results = json.loads(results_file.read_text()) if results_file.is_file() else {}
     missed = []
     for name in models:
-        rows = run_model(name, variants, bench, work, args.board, one_recipe=args.quick)
+        rows = [] if args.board_only else run_model(name, variants, bench, work, None,
+                                                     one_recipe=args.quick)
         if rows is None:
             return 1
         merged = {r["variant"]: r for r in results.get(name, [])} | {r["variant"]: r
                                                                       for r in rows}
         rows = [merged[v] for v in VARIANTS if v in merged]
-        retime(name, rows, work, rounds=2 if args.quick else 10, runs=10 if args.quick else 50)
+        if not args.board_only:
+            retime(name, rows, work, rounds=2 if args.quick else 10,
+                   runs=10 if args.quick else 50)
+        if args.board:
+            board_figures(name, rows, work, args.board)
         results[name] = rows
         results_file.write_text(json.dumps(results, indent=2))
         print(table(name, rows) + "\n")

@@ -89,8 +89,9 @@ def guard_pipeline(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, 
     nodes = plan.pipelines[name]
     steered = steered_nodes(nodes)[0]
     search = Search(name, plan, data, nodes, steered, submit, tune, on_trial)
-    baseline = search.measure(0, Candidate(), nodes, {n.id: outcomes[n.id] for n in nodes},
-                              0.0)
+    own = {n.id: outcomes[n.id] for n in nodes}
+    baseline = search.measure(0, Candidate(), nodes, own,
+                              sum(o.seconds for o in own.values() if not o.cached))
     search.trials.append(baseline)
     if not any(get_stage(n.stage).judges_quality for n in nodes):
         baseline.violations.append(
@@ -98,6 +99,7 @@ def guard_pipeline(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, 
         return GuardResult(nodes, baseline.outcomes, [chosen_row(baseline.row(search.options))])
     if baseline.ok or not _has_quality_budget(plan):  # the recipe's own settings: chosen
         return GuardResult(nodes, baseline.outcomes, [chosen_row(baseline.row(search.options))])
+    baseline = search.trials[0] = search.judged_as_trials(baseline)
     knobs = search.knobs
     found = knobs.layers(LayerSource(steered.params, outcomes[steered.id].info,
                                      lambda: data.load_model(steered.input_model_key)))
@@ -235,7 +237,7 @@ def _confirm_on_held_out(name: str, plan: Plan, result: GuardResult,
     on the part no trial was selected on. Those figures become the variant's, and a budget
     that holds on the search part but not there is said."""
     judges = [n for n in result.nodes if get_stage(n.stage).confirm is not None]
-    if not judges or _chosen_index(result) == 0:
+    if not judges or len(result.trials) < 2:  # no search, nothing selected
         return
     searched = {}
     for node in judges:
@@ -254,8 +256,9 @@ def _confirm_on_held_out(name: str, plan: Plan, result: GuardResult,
         **{part: {"quality": words(figures),
                   **{k: figures[k] for k in CONFIRMED_FIGURES if k in figures}}
            for part, figures in (("search", searched), ("held_out", held_out))}}
-    if broken:
-        said = (f"the chosen trial {_chosen_index(result)} met the budgets on the search "
+    chosen = next(row for row in result.trials if row.get("chosen"))
+    if broken and chosen["meets_budgets"]:
+        said = (f"the chosen trial {chosen['trial']} met the budgets on the search "
                 f"part of the evaluation data ({words(searched)}) but not on the held-out "
                 f"part it was not selected on ({words(held_out)}): {'; '.join(broken)}. "
                 "Give more evaluation samples, or a budget with a margin")

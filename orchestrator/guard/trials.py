@@ -11,7 +11,6 @@ more than NOISE_DB.
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from collections.abc import Callable
@@ -219,29 +218,34 @@ class Search:
                      headline, size, seconds, against=against, computes_in=computes_in)
 
     def best(self) -> Trial:
-        """Of the candidates that meet the budgets, the cheapest compute on the target's
-        unit (the fewest layers out of int8, priced by `Precision.cost`), then the fastest
-        on the first target where latencies differ by more than noise, then the smallest;
-        else the one closest to float."""
-        met = [t for t in self.trials if t.ok]
-        if met:
-            return min(met, key=functools.cmp_to_key(self._faster))
-        return max(self.trials, key=lambda t: t.closeness)
+        """Of the candidates that meet the budgets, the first in `shipping_order`; else the
+        one closest to float."""
+        met = self.shipping_order()
+        return met[0] if met else max(self.trials, key=lambda t: t.closeness)
 
-    def _faster(self, one: Trial, other: Trial) -> int:
-        """-1 when `one` ships before `other` (best's order)."""
-        if one.cost(self.unit) != other.cost(self.unit):
-            return -1 if one.cost(self.unit) < other.cost(self.unit) else 1
-        mine, theirs = one.latency_ms(self.target), other.latency_ms(self.target)
-        if mine and theirs and max(mine, theirs) > LATENCY_NOISE * min(mine, theirs):
-            return -1 if mine < theirs else 1
-        return -1 if (one.size_bytes or 0, one.index) < (other.size_bytes or 0, other.index) \
-            else 1
+    def shipping_order(self) -> list[Trial]:
+        """The trials that meet the budgets, the one to ship first: the cheapest compute on
+        the target's unit (the layers out of int8, priced by `Precision.cost`); among those,
+        the ones as fast as the fastest on the first target within LATENCY_NOISE (where the
+        pipeline measures a latency); then the smallest, then the first tried."""
+        met = [t for t in self.trials if t.ok]
+        if not met:
+            return []
+        cheapest = min(t.cost(self.unit) for t in met)
+        tied = [t for t in met if t.cost(self.unit) == cheapest]
+        latencies = [t.latency_ms(self.target) for t in tied]
+        fastest = min((ms for ms in latencies if ms), default=None)
+        fast = [t for t, ms in zip(tied, latencies, strict=True)
+                if fastest is None or ms is None or ms <= LATENCY_NOISE * fastest]
+        first = sorted(fast, key=lambda t: (t.size_bytes or 0, t.index))
+        return first + sorted((t for t in met if t not in first),
+                              key=lambda t: (t.cost(self.unit), t.latency_ms(self.target)
+                                             or 0.0, t.size_bytes or 0, t.index))
 
     def why_chosen(self, chosen: Trial) -> str:
         """Why the chosen trial ships, in one line: what decided it over the runner-up."""
-        met = sorted((t for t in self.trials if t.ok), key=functools.cmp_to_key(self._faster))
-        if not chosen.ok or len(met) < 2:
+        met = self.shipping_order()
+        if not chosen.ok or len(met) < 2 or met[0] is not chosen:
             return ""
         runner_up = met[1]
         unit = "a CPU" if self.unit == "cpu" else "an a16w8 accelerator"
@@ -252,12 +256,14 @@ class Search:
             why = (f"the cheapest compute on {unit}, its layers out of int8 costing "
                    f"{chosen.cost(self.unit)} against trial {runner_up.index}'s "
                    f"{runner_up.cost(self.unit)} (per layer: {prices})")
-        elif mine and theirs and max(mine, theirs) > LATENCY_NOISE * min(mine, theirs):
+        elif mine and theirs and theirs > LATENCY_NOISE * mine:
             why = (f"as cheap to compute as trial {runner_up.index}, and faster on "
                    f"{self.target}: {mine:.3g} ms against {theirs:.3g} ms")
-        else:
+        elif (chosen.size_bytes or 0) < (runner_up.size_bytes or 0):
             why = (f"as cheap and as fast as trial {runner_up.index}, and smaller: "
                    f"{chosen.size_bytes or 0:,} bytes against {runner_up.size_bytes or 0:,}")
+        else:
+            why = f"as cheap, as fast and as small as trial {runner_up.index}, and tried first"
         return f"trial {chosen.index} ships, of the {len(met)} that meet the budgets: {why}"
 
     def stages_with(self, candidate: Candidate) -> list[tuple[str, BaseModel]]:
@@ -274,24 +280,44 @@ class Search:
                 stages.append((node.stage, params))
         return stages
 
-    def attempt(self, candidate: Candidate, change: str) -> Trial | None:
-        """Run one candidate (None when it is the same as one already tried)."""
-        index = len(self.trials)
-        nodes = chain_nodes(self.name, self.stages_with(candidate),
-                            self.plan.start_keys[self.name], self.previous,
-                            self.plan.fingerprints, trial=index,
-                            base_dir=self.plan.recipe.base_dir, float_model_key=self.float_key)
-        if nodes[-1].key in self.seen:
-            return None
-        self.seen.add(nodes[-1].key)
+    def _nodes(self, candidate: Candidate, index: int) -> list[Node]:
+        return chain_nodes(self.name, self.stages_with(candidate),
+                           self.plan.start_keys[self.name], self.previous,
+                           self.plan.fingerprints, trial=index,
+                           base_dir=self.plan.recipe.base_dir, float_model_key=self.float_key)
+
+    def _run(self, index: int, candidate: Candidate, nodes: list[Node]) -> Trial:
         started = time.monotonic()
         try:
             outcomes = {n.id: self.submit(n) for n in nodes}
         except OrchestratorError as exc:  # a candidate that cannot be built is a failed trial
-            trial = Trial(index, candidate, nodes, {}, {}, [f"trial failed: {exc}"],
-                          float("inf"), "failed", None, time.monotonic() - started, failed=True)
-        else:
-            trial = self.measure(index, candidate, nodes, outcomes, time.monotonic() - started)
+            return Trial(index, candidate, nodes, {}, {}, [f"trial failed: {exc}"],
+                         float("inf"), "failed", None, time.monotonic() - started, failed=True)
+        return self.measure(index, candidate, nodes, outcomes, time.monotonic() - started)
+
+    def judged_as_trials(self, baseline: Trial) -> Trial:
+        """The recipe's own settings judged as every trial is (a judging stage's
+        `candidate` judges on the search part of the evaluation data), so that trials
+        compare on the same samples; its transforms come from the cache."""
+        nodes = self._nodes(Candidate(), baseline.index)
+        if [n.params for n in nodes] == [n.params for n in self.stages_nodes(baseline)]:
+            return baseline
+        self.seen.add(nodes[-1].key)
+        judged = self._run(baseline.index, Candidate(), nodes)
+        return baseline if judged.failed else judged
+
+    def stages_nodes(self, trial: Trial) -> list[Node]:
+        """The trial's nodes a candidate's stages would make (board stages left out)."""
+        return [n for n in trial.nodes if not get_stage(n.stage).per_board]
+
+    def attempt(self, candidate: Candidate, change: str) -> Trial | None:
+        """Run one candidate (None when it is the same as one already tried)."""
+        index = len(self.trials)
+        nodes = self._nodes(candidate, index)
+        if nodes[-1].key in self.seen:
+            return None
+        self.seen.add(nodes[-1].key)
+        trial = self._run(index, candidate, nodes)
         self.trials.append(trial)
         if self.on_trial is not None:
             self.report_trial(trial, change)

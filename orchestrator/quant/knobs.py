@@ -142,8 +142,8 @@ class Method:
     name: str       # report.json's decision words: "ranges chosen by error"
     change: str     # the console's words for its trial
     options: tuple[tuple[str, Any], ...]
-    # whether wider rungs may build on it: ranges trained for int8 clip what int16
-    # activations would keep, so the ladder starts from a method that does not train them
+    # whether the ladder's wider rungs may build on it (the stage says why not: a method
+    # too slow to run again for every trial, or one whose int8 ranges clip int16's)
     stacks: bool = True
 
 

@@ -60,7 +60,6 @@ def fine_tune(float_model: bytes, batches: list[np.ndarray], *, steps: int, log:
     if not batches:
         raise ValueError("fine-tuning needs representative data")
     started = time.perf_counter()
-    tf.random.set_seed(seed)
     replica = Replica(float_model)
     batches = [np.asarray(b, dtype=np.float32) for b in batches]
     replica.initialise_ranges(batches)

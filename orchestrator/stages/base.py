@@ -123,10 +123,11 @@ class Stage:
     eight bits, so its input is the lineage's float model (layer errors compare with it).
     judges_quality: its metrics are what quality budgets judge (the guard reads a trial's
     quality from it). confirm: a judging stage's params that judge the guard's chosen trial
-    on data the search did not select on (its `candidate` judges trials on the rest). variant_metrics: its metrics are the variant's own, tracked without
-    the stage's prefix. per_board: it measures on a target's board; a recipe gets it once
-    per target with `connect:` (its params carry `target` and `connect`), and the guard
-    measures only the model it chose there.
+    on data the search did not select on (its `candidate` judges trials on the rest).
+    variant_metrics: its metrics are the variant's own, tracked without the stage's prefix.
+    per_board: it measures on a target's board; a recipe gets it once per target with
+    `connect:` (its params carry `target` and `connect`), and the guard measures only the
+    model it chose there.
     ships_compact_names: a lineage with this stage ships compact node names by default;
     compacts_names: the stage that makes them, added after the lineage's last graph
     transform (recipe/defaults.py). Exactly one stage sets per_board, and one

@@ -392,8 +392,8 @@ def _check_labels(outputs: np.ndarray, labels: np.ndarray) -> None:
 
 
 def _searched(params: Params, _candidate: Any) -> Params:
-    """A guard trial is judged on the search part (the recipe's own `part` if it set one)."""
-    return params.model_copy(update={"part": "search"}) if params.part == "all" else params
+    """A guard trial is judged on the search part, whatever part the recipe judges on."""
+    return params.model_copy(update={"part": "search"})
 
 
 def _held_out(params: Params) -> Params:

@@ -25,7 +25,7 @@ import time
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from orchestrator.errors import DataError, ModelSourceError
 from orchestrator.limits import bounded
@@ -129,6 +129,18 @@ class Params(StageParams):
         "(ranges by error, learned rounding, trained ranges), then move the layers that "
         "add the most error to int16 activations (a16w8), and to float only where no "
         "integer scheme holds (see orchestrator/guard/); each trial is tracked.")
+
+    @model_validator(mode="after")
+    def _methods_need_a_static_scheme(self) -> Params:
+        """An int8 method on a scheme that calibrates nothing would be silently ignored."""
+        asked = [f"{name}: {value}" for name, value, default in (
+            ("ranges", self.ranges, "min_max"), ("rounding", self.rounding, "nearest"),
+            ("fine_tune", self.fine_tune, False)) if value != default]
+        if asked and not _calibrates(self):
+            raise ValueError(f"{', '.join(asked)} change(s) how static int8 is found; "
+                             f"scheme {self.scheme} calibrates nothing (use static_wi8_ai8, "
+                             "or a static scheme in `layers`)")
+        return self
 
     @field_validator("layers")
     @classmethod
@@ -310,8 +322,9 @@ def _candidate(params: Params, candidate: Candidate) -> Params:
     """The int8 methods a guard candidate turns on, and the layers it moves, by exact name,
     on top of the recipe's own patterns (later patterns win); the fallback is dynamic
     range everywhere."""
-    if candidate.fallback:
-        return with_params(params, scheme=DYNAMIC_SCHEME, layers={})
+    if candidate.fallback:  # no int8 op: no int8 method either
+        return with_params(params, scheme=DYNAMIC_SCHEME, layers={}, ranges="min_max",
+                           rounding="nearest", fine_tune=False)
     methods = {name: value for name, value in candidate.options
                if name in METHOD_OPTIONS and value is not None}
     if methods:
@@ -340,11 +353,13 @@ def _layers(source: LayerSource) -> FoundLayers:
 # keep the int8 weights and integer compute: every layer a16w8, then bisect the fewest that
 # need it (orchestrator/guard/bisect.py).
 # The int8 methods, cheapest to find first (seconds on the photo mini-Xception, this host:
-# docs/litert.md); each keeps every layer in int8.
+# docs/litert.md); each keeps every layer in int8. The int16 ladder climbs from ranges by
+# error only: learned rounding would be learned again for every one of its trials (a
+# minute each on the mini-Xception), and ranges trained for int8 clip what int16 keeps.
 METHODS = (
     Method("ranges chosen by error", "ranges -> chosen by error (mse)", (("ranges", "mse"),)),
     Method("learned rounding, ranges by error", "weights -> learned rounding, ranges by error",
-           (("ranges", "mse"), ("rounding", "learned"))),
+           (("ranges", "mse"), ("rounding", "learned")), stacks=False),
     Method("trained ranges (quantization-aware fine-tuning)",
            "fine-tuned with int8 simulated -> trained ranges", (("fine_tune", True),),
            stacks=False),

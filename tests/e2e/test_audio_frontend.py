@@ -182,9 +182,9 @@ def test_the_litert_quantizers_guard_keeps_integer_compute(audio_run: dict) -> N
     """The LiteRT path (convert to float, then the LiteRT Quantizer): full int8 misses the
     heads as the converter's int8 does. On a CPU target the guard first tries the int8
     methods, each a file that computes in int8 only (ranges by error, learned rounding,
-    trained ranges); they bring the heads closer to float but not to 20 dB at the interval's
-    bound, so it then moves layers to int16 activations, the front end among them, and
-    ships a file that computes in integer only, every head at 20 dB or more."""
+    trained ranges); they bring the worst head closer to float (here: not to 20 dB at the
+    interval's bound), so it then moves layers to int16 activations, the front end among
+    them, and ships a file that computes in integer only, every head at 20 dB or more."""
     from ai_edge_litert.tools import flatbuffer_utils
 
     litert = audio_run["report"]["variants"]["litert"]
@@ -203,7 +203,9 @@ def test_the_litert_quantizers_guard_keeps_integer_compute(audio_run: dict) -> N
     worst_head = [min(float(x) for x in re.findall(r"SQNR ([\d.]+) dB", t["quality"]))
                   for t in trials[:4]]
     assert max(worst_head[1:]) > worst_head[0] + 2, worst_head
-    assert not any(t["meets_budgets"] for t in trials[1:4])
+    if any(t["meets_budgets"] for t in trials[1:4]):  # a method did it: int8 only ships
+        assert chosen["trial"] <= 3 and litert["computes_in"] == "int8"
+        return
     assert litert["computes_in"] == chosen["computes_in"] == "int8+int16"
     assert chosen["settings"]["int16_activations"] and not chosen["settings"]["float"]
     assert any("filterbank" in node for node in chosen["settings"]["int16_activations"])

@@ -176,3 +176,19 @@ def test_the_ladder_climbs_from_the_closest_method_it_can_build_on() -> None:
     assert _ladder_start(search, baseline).index == 1
     search.trials[1] = trial(1, {"ranges": "mse"}, 9.0)
     assert _ladder_start(search, baseline).index == 0
+
+
+def test_among_equal_compute_the_fastest_within_noise_then_the_smallest_ships() -> None:
+    def timed(index: int, ms: float, size: int) -> GuardTrial:
+        outcome = type("O", (), {"metrics": {"est_latency_ms.phone": ms}})()
+        return GuardTrial(index, Candidate(), [], {"b": outcome}, {}, [], 0.0, "", size)
+
+    search = GuardSearch.__new__(GuardSearch)
+    search.unit, search.target = "cpu", "phone"
+    # 1.16 ms is within 10% of 1.08, and 1.08 of 1.00, but not 1.16 of the fastest
+    search.trials = [timed(1, 1.00, 300), timed(2, 1.08, 200), timed(3, 1.16, 100)]
+    assert search.best().index == 2
+    assert "smaller: 200 bytes against 300" in search.why_chosen(search.best())
+    search.trials = [timed(1, 1.00, 300), timed(2, 1.5, 100)]
+    assert search.best().index == 1
+    assert "faster on phone: 1 ms against 1.5 ms" in search.why_chosen(search.best())

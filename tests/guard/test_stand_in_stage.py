@@ -160,6 +160,7 @@ def test_the_guard_searches_a_stage_it_has_never_heard_of(
     samples = confirmed["search"]["evaluation_samples"], confirmed["held_out"][
         "evaluation_samples"]
     assert samples[1] < samples[0] and abs(samples[1] / sum(samples) - 0.25) < 0.02
-    assert confirmed["meets_budgets"] == (variant["accuracy_drop"] <= 0.02)
+    # budgets are judged at the figure's bound (the drop's upper one)
+    assert confirmed["meets_budgets"] == (variant["metrics"]["accuracy_drop_high"] <= 0.02)
     assert [d["trial"] for d in variant["guard_decisions"]] == [
         t["trial"] for t in trials[1:]]

@@ -291,7 +291,10 @@ def test_each_int8_method_keeps_full_integer_and_changes_the_numbers(
     got, before = made.artifact.payload, plain.artifact.payload
     assert got != before
     assert agreement(outputs(got, x), reference) >= 0.97
-    assert logit_error(got, reference, x) < 4 * logit_error(before, reference, x) + 1e-3
+    # ranges by error may cost a little on a model min-max already serves (its helping is
+    # tests/quant/test_range_search.py's); learned rounding and trained ranges must not
+    slack = 1.5 if method.get("ranges") else 1.0
+    assert logit_error(got, reference, x) <= slack * logit_error(before, reference, x)
     if method.get("rounding") == "learned":  # each weight one step at most from nearest
         mine, nearest = int8_weights(got), int8_weights(before)
         assert mine.keys() == nearest.keys()
@@ -304,7 +307,13 @@ def test_each_int8_method_keeps_full_integer_and_changes_the_numbers(
         assert made.info["method_seconds"]["fine_tune"] > 0
 
 
-def test_dynamic_schemes_take_no_int8_method(quantize) -> None:
-    made = quantize(scheme="dynamic_wi8_afp32", ranges="mse", rounding="learned")
-    assert made.info["tflite"]["int8_methods"] == []
-    assert "learned_rounding" not in made.info
+def test_an_int8_method_on_a_scheme_that_calibrates_nothing_is_refused() -> None:
+    from pydantic import ValidationError
+
+    from orchestrator.stages import get_stage
+
+    params = get_stage("quantize_tflite").params
+    with pytest.raises(ValidationError, match="rounding: learned.*dynamic_wi8_afp32"):
+        params(scheme="dynamic_wi8_afp32", rounding="learned")
+    assert params(scheme="dynamic_wi8_afp32", layers={"conv": "static_wi8_ai8"},
+                  fine_tune=True).fine_tune
