@@ -69,13 +69,13 @@ agreement or SQNR, the highest error), so a budget holds only where it holds und
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
 
+from orchestrator.data.evaluation_parts import Part, overlapping, part_rows
 from orchestrator.errors import DataError, StageError
 from orchestrator.limits import bounded
 from orchestrator.measure.confidence import (
@@ -105,7 +105,6 @@ from orchestrator.stages import register
 from orchestrator.stages.base import ANY_KIND, Stage, StageContext, StageParams, StageResult
 
 KernelSet = Literal["default", "builtin", "reference"]
-HELD_OUT_SEED = 41  # the held-out split's permutation: fixed, so every run holds out the same
 
 
 class Params(StageParams):
@@ -116,7 +115,7 @@ class Params(StageParams):
     confidence: float = Field(
         0.9, ge=0.5, lt=1.0, description="One-sided confidence of each figure's bounds "
         "(`<figure>_low`, `<figure>_high`): quality budgets are met only at the bound.")
-    part: Literal["all", "search", "held_out"] = Field(
+    part: Part = Field(
         "all", description="Which evaluation samples to judge: all, the search part, or the "
         "held-out part (`held_out_share` of them, the same every run).")
     held_out_share: float = Field(
@@ -305,17 +304,12 @@ def _judged_rows(inputs: np.ndarray, params: Params, ctx: StageContext, warnings
     """The indices of the evaluation samples to judge (see the module doc: overlap with the
     representative data, and `part`), and what `info["part"]` says of them."""
     total = len(inputs)
-    chosen = np.arange(total)
-    if params.part != "all":
-        held = held_out_rows(total, params.held_out_share)
-        if params.part == "held_out":
-            chosen = held
-        else:
-            chosen = np.setdiff1d(chosen, held)
+    chosen = part_rows(total, params.part, params.held_out_share)
     part: dict[str, Any] = {"part": params.part, "of": total}
     if params.part != "all":
         part["held_out_share"] = params.held_out_share
-    overlap = _overlapping(inputs[chosen], ctx)
+    overlap = (overlapping(inputs[chosen], ctx.representative(None, 256))
+               if ctx.representative is not None and len(chosen) else np.zeros(0, bool))
     if overlap.any():
         count, size = int(overlap.sum()), len(chosen)
         if count < size:
@@ -331,34 +325,6 @@ def _judged_rows(inputs: np.ndarray, params: Params, ctx: StageContext, warnings
         part["representative_overlap"] = count
     part["samples"] = len(chosen)
     return chosen, part
-
-
-def held_out_rows(total: int, share: float) -> np.ndarray:
-    """The sorted indices of the held-out part of `total` evaluation samples: the first
-    round(share * total) (at least 1) of a permutation seeded with HELD_OUT_SEED, the same
-    every run. A set of one sample cannot be split: DataError."""
-    if total < 2:
-        raise DataError(f"{total} evaluation sample(s) cannot be split into a search and a "
-                        "held-out part: give at least 2")
-    count = min(total - 1, max(1, round(share * total)))
-    order = np.random.default_rng(HELD_OUT_SEED).permutation(total)
-    return np.sort(order[:count])
-
-
-def _overlapping(inputs: np.ndarray, ctx: StageContext) -> np.ndarray:
-    """Per evaluation sample, whether its bytes are those of a representative sample."""
-    if ctx.representative is None or not len(inputs):
-        return np.zeros(len(inputs), bool)
-    seen: set[bytes] = set()
-    for batch in ctx.representative(None, 256):
-        batch = np.ascontiguousarray(batch, dtype=inputs.dtype)
-        seen.update(_digest(sample) for sample in batch)
-    return np.array([_digest(np.ascontiguousarray(s)) in seen for s in inputs], bool)
-
-
-def _digest(sample: np.ndarray) -> bytes:
-    return hashlib.blake2b(sample.tobytes() + str(sample.shape).encode(),
-                           digest_size=16).digest()
 
 
 def _references(ctx: StageContext, count: int, names: list[str]

@@ -11,6 +11,7 @@ import pytest
 from support import quant_fixtures
 from support.quant_fixtures import apply
 
+from orchestrator.data.evaluation_parts import held_out_rows
 from orchestrator.errors import DataError
 from orchestrator.measure.budgets import quality_violations
 from orchestrator.measure.confidence import proportion_bounds, sqnr_bounds
@@ -18,7 +19,6 @@ from orchestrator.measure.fidelity import sqnr_db
 from orchestrator.model.artifact import ModelArtifact, TensorSpec
 from orchestrator.stages import get_stage
 from orchestrator.stages.base import EvaluationData, StageContext
-from orchestrator.stages.evaluate import held_out_rows
 
 cnn, digits = quant_fixtures.cnn, quant_fixtures.digits
 
