@@ -42,6 +42,12 @@ class LiteRTFacts:
     outputs: tuple[TensorInfo, ...]
 
 
+
+def tensor_name(tensor: Any) -> str:
+    """A flatbuffer tensor's name as text (the schema's objects hold bytes, or None)."""
+    raw = tensor.name
+    return raw.decode() if isinstance(raw, bytes) else str(raw or "")
+
 def interpreter(data: bytes, num_threads: int | None = None, allocate: bool = True,
                 **kwargs: Any) -> Any:
     """LiteRT's Interpreter on `data` (its flatbuffer verified), tensors allocated unless
@@ -135,8 +141,7 @@ def with_signature(flatbuffer: bytes, inputs: Sequence[str], outputs: Sequence[s
     subgraph = model.subgraphs[0]
 
     def name(index: int) -> str:
-        raw = subgraph.tensors[index].name
-        return raw.decode() if isinstance(raw, bytes) else str(raw or "")
+        return tensor_name(subgraph.tensors[index])
 
     def shape(index: int) -> list[int | None]:
         tensor = subgraph.tensors[index]

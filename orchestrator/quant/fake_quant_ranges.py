@@ -32,6 +32,7 @@ from orchestrator.model.graph_rewrite import (
     prune_orphans,
     unique_name,
 )
+from orchestrator.model.litert_model import tensor_name
 
 if TYPE_CHECKING:
     from tensorflow.core.framework.graph_pb2 import GraphDef
@@ -210,8 +211,7 @@ def tensor_names(flatbuffer: bytes) -> list[str]:
 
     graph = flatbuffer_utils.convert_bytearray_to_object(bytearray(flatbuffer)).subgraphs[0]
     computed = [*graph.inputs, *(i for op in graph.operators for i in op.outputs)]
-    names = [graph.tensors[i].name for i in computed if i >= 0]
-    return [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+    return [tensor_name(graph.tensors[i]) for i in computed if i >= 0]
 
 
 def int8_tensors_with_ranges(flatbuffer: bytes, ranges: list[tuple[float, float]]
@@ -234,6 +234,5 @@ def int8_tensors_with_ranges(flatbuffer: bytes, ranges: list[tuple[float, float]
         scale, zero = float(quant.scale[0]), int(quant.zeroPoint[0])
         lo, hi = (-128 - zero) * scale, (127 - zero) * scale
         if any(abs(lo - a) < scale / 100 and abs(hi - b) < scale / 100 for a, b in ranges):
-            name = tensor.name.decode() if isinstance(tensor.name, bytes) else str(tensor.name)
-            found[name] = [lo, hi]
+            found[tensor_name(tensor)] = [lo, hi]
     return found

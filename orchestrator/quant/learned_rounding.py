@@ -118,8 +118,9 @@ class _Unfit(Exception):
 
 
 def _name(tensor: Any) -> str:
-    raw = tensor.name
-    return raw.decode() if isinstance(raw, bytes) else str(raw)
+    from orchestrator.model.litert_model import tensor_name
+
+    return tensor_name(tensor)
 
 
 def _layers(q_model: Any, f_model: Any) -> tuple[list[_Layer], list[dict[str, Any]]]:

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from orchestrator.model.litert_model import tensor_name
 from orchestrator.quant.knobs import Fallback
 
 # The quantizer's recipe names (ai_edge_quantizer.recipe), plus `float` for "leave out".
@@ -196,8 +197,7 @@ def _tensor_names(made: Any) -> set[str]:
     from ai_edge_litert.tools import flatbuffer_utils
 
     model = flatbuffer_utils.convert_bytearray_to_object(made._float_model_buffer)
-    return {(t.name.decode() if isinstance(t.name, bytes) else str(t.name))
-            for subgraph in model.subgraphs for t in subgraph.tensors}
+    return {tensor_name(t) for subgraph in model.subgraphs for t in subgraph.tensors}
 
 
 def _fixed(result: dict[str, Any], fixed: Mapping[str, tuple[float, float]],
@@ -259,8 +259,7 @@ def _output_ranges(model: bytes) -> dict[str, tuple[float, float]]:
             continue
         levels = 65535 if tensor.type == INT16 else 255
         low = -(float(q.zeroPoint[0]) + (32768 if tensor.type == INT16 else 128))
-        raw = tensor.name
-        found[raw.decode() if isinstance(raw, bytes) else str(raw)] = (
+        found[tensor_name(tensor)] = (
             low * float(q.scale[0]), (low + levels) * float(q.scale[0]))
     return found
 
@@ -316,7 +315,7 @@ def _levels(made: Any, result: dict[str, Any]) -> dict[str, int]:
 
     parsed = flatbuffer_utils.convert_bytearray_to_object(
         bytearray(made.quantize(result, enable_progress_report=False).quantized_model))
-    return {(t.name.decode() if isinstance(t.name, bytes) else str(t.name)): 65536
+    return {tensor_name(t): 65536
             for t in parsed.subgraphs[0].tensors if t.type == INT16}
 
 
@@ -366,8 +365,7 @@ def float_layers(float_model: bytes) -> list[Layer]:
     subgraph = model.subgraphs[0]
 
     def name(index: int) -> str:
-        raw = subgraph.tensors[index].name
-        return raw.decode() if isinstance(raw, bytes) else str(raw)
+        return tensor_name(subgraph.tensors[index])
 
     def constant(index: int) -> bool:
         return model.buffers[subgraph.tensors[index].buffer].data is not None
@@ -445,8 +443,7 @@ def _output_scales(quantized: bytes) -> dict[str, float]:
         quantization = tensor.quantization
         if quantization is not None and quantization.scale is not None \
                 and len(quantization.scale):
-            raw = tensor.name
             wide = 256.0 if tensor.type == INT16 else 1.0
-            scales[raw.decode() if isinstance(raw, bytes) else str(raw)] = \
+            scales[tensor_name(tensor)] = \
                 float(quantization.scale[0]) * wide
     return scales

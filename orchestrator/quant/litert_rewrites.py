@@ -94,8 +94,9 @@ def _tensor(model: Any, subgraph: Any, like: Any, name: str, kind: int = FLOAT32
 
 
 def _name(subgraph: Any, index: int) -> str:
-    raw = subgraph.tensors[index].name
-    return raw.decode() if isinstance(raw, bytes) else str(raw)
+    from orchestrator.model.litert_model import tensor_name
+
+    return tensor_name(subgraph.tensors[index])
 
 
 def _op(model: Any, builtin: int, inputs: list[int], outputs: list[int],

@@ -117,8 +117,9 @@ class Replica:
     # --- the flatbuffer --------------------------------------------------------------
 
     def name(self, index: int) -> str:
-        raw = self.graph.tensors[index].name
-        return raw.decode() if isinstance(raw, bytes) else str(raw)
+        from orchestrator.model.litert_model import tensor_name
+
+        return tensor_name(self.graph.tensors[index])
 
     def constant(self, index: int) -> np.ndarray | None:
         tensor = self.graph.tensors[index]
