@@ -175,9 +175,9 @@ def _tflite_with_shapes(data: bytes, shapes: Mapping[str, tuple[int, ...]]) -> b
     from ai_edge_litert.tools import flatbuffer_utils
 
     from orchestrator.model.artifact import node_name
-    from orchestrator.model.litert_model import describe
+    from orchestrator.model.litert_model import describe, read_model
 
-    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(data))
+    model = read_model(data)
     subgraph = model.subgraphs[0]
     wanted = {node_name(n): dims for n, dims in shapes.items()}
     for index in subgraph.inputs:

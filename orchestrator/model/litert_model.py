@@ -43,6 +43,23 @@ class LiteRTFacts:
 
 
 
+def read_model(flatbuffer: bytes) -> Any:
+    """The flatbuffer as the schema's objects (`flatbuffer_utils`), every buffer's bytes in
+    its `data`. A file may keep large buffers after the flatbuffer (`offset` from the file's
+    start, `size`: ai-edge-quantizer writes them so); written back with
+    `convert_object_to_bytearray` they would be lost, and LiteRT refuses the file
+    ("Constant buffer N specified an out of range offset")."""
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(flatbuffer))
+    for buffer in model.buffers or []:
+        if (buffer.offset or 0) > 1 and buffer.size:
+            buffer.data = np.frombuffer(flatbuffer, np.uint8, int(buffer.size),
+                                        int(buffer.offset)).copy()
+            buffer.offset, buffer.size = 0, 0
+    return model
+
+
 def tensor_name(tensor: Any) -> str:
     """A flatbuffer tensor's name as text (the schema's objects hold bytes, or None)."""
     raw = tensor.name

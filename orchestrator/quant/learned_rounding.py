@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.model.litert_model import interpreter
+from orchestrator.model.litert_model import interpreter, read_model
 
 LAYER_OPS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
 FLOAT32, INT32, INT8 = 0, 2, 9  # schema TensorType
@@ -81,8 +81,7 @@ def learn_rounding(float_model: bytes, quantized: bytes, batches: list[np.ndarra
     from ai_edge_litert.tools import flatbuffer_utils
 
     started = time.perf_counter()
-    q_model = flatbuffer_utils.convert_bytearray_to_object(bytearray(quantized))
-    f_model = flatbuffer_utils.convert_bytearray_to_object(bytearray(float_model))
+    q_model, f_model = read_model(quantized), read_model(float_model)
     layers, skipped = _layers(q_model, f_model)
     if not layers and not any(s["why"].startswith("input is int16") for s in skipped):
         raise ValueError("learned rounding needs a static int8 file (int8 weights and int8 "

@@ -214,11 +214,11 @@ def _fixed(result: dict[str, Any], fixed: Mapping[str, tuple[float, float]],
         fixed = {name: span for name, span in fixed.items() if name not in uncalibrated}
     unknown = [name for name in fixed if name not in known]
     if unknown:
-        near = {n: difflib.get_close_matches(n, known, n=2, cutoff=0.5) for n in unknown[:3]}
+        near = {n: difflib.get_close_matches(n, known, n=1, cutoff=0.5) for n in unknown[:3]}
         raise ValueError(
             f"fixed_ranges names {len(unknown)} tensor(s) the quantizer calibrates no range "
-            "for: " + "; ".join(f"{n!r}" + (f" (did you mean {' or '.join(map(repr, m))}?)"
-                                             if m else "") for n, m in near.items())
+            "for: " + "; ".join(f"{n!r}" + (f' (did you mean "{m[0]}"?)' if m else "")
+                                for n, m in near.items())
             + f". Calibrated activations include: {', '.join(map(repr, known[:4]))}")
     merged = dict(result)
     for name, (low, high) in fixed.items():

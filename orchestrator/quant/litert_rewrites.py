@@ -29,7 +29,9 @@ def rewrite_for_quantizer(float_model: bytes) -> tuple[bytes, dict[str, int]]:
     from ai_edge_litert import schema_py_generated as schema
     from ai_edge_litert.tools import flatbuffer_utils
 
-    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(float_model))
+    from orchestrator.model.litert_model import read_model
+
+    model = read_model(float_model)
     ops = schema.BuiltinOperator
     rewritten: dict[str, int] = {}
     for subgraph in model.subgraphs:

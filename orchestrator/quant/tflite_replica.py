@@ -67,7 +67,9 @@ class Replica:
         import tensorflow as tf
         from ai_edge_litert.tools import flatbuffer_utils
 
-        self.model = flatbuffer_utils.convert_bytearray_to_object(bytearray(float_model))
+        from orchestrator.model.litert_model import read_model
+
+        self.model = read_model(float_model)
         self.graph = self.model.subgraphs[0]
         self.ops = [(flatbuffer_utils.opcode_to_name(self.model, op.opcodeIndex) or "CUSTOM",
                      op) for op in self.graph.operators]

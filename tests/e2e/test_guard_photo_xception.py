@@ -25,7 +25,8 @@ from orchestrator.guard.trials import NOISE_DB
 
 pytestmark = pytest.mark.slow
 
-MIN_FIDELITY = 0.99  # tighter than the issue's 0.97, so that the guard must work
+MIN_FIDELITY = 0.98  # tighter than the issue's 0.97, so that the guard must work, and met
+# at the lower bound of its 90% interval (0.99 needs all 315 search samples to agree)
 MAX_SIZE_RATIO = 0.35
 
 RECIPE = f"""\

@@ -152,15 +152,16 @@ def test_the_guard_searches_a_stage_it_has_never_heard_of(
     if chosen[0]["settings"]["levels"] is not None:
         assert f"levels: {chosen[0]['settings']['levels']}" in page
     # trials are judged on the search part of the evaluation data; the chosen one again on
-    # the held-out part, and those figures are the variant's
+    # the held-out part (a check), then on every sample: those are the variant's figures
     confirmed = variant["guard_confirmation"]
     assert confirmed["trial"] == chosen[0]["trial"]
     assert confirmed["search"]["accuracy_drop"] == chosen[0]["accuracy_drop"]
-    assert variant["accuracy_drop"] == confirmed["held_out"]["accuracy_drop"]
     samples = confirmed["search"]["evaluation_samples"], confirmed["held_out"][
         "evaluation_samples"]
     assert samples[1] < samples[0] and abs(samples[1] / sum(samples) - 0.25) < 0.02
-    # budgets are judged at the figure's bound (the drop's upper one)
-    assert confirmed["meets_budgets"] == (variant["metrics"]["accuracy_drop_high"] <= 0.02)
+    assert variant["metrics"]["evaluation_samples"] == sum(samples)
+    # the held-out part contradicts the budget only where even its optimistic bound misses
+    assert confirmed["consistent"] == (not confirmed["contradicted"])
+    assert confirmed["consistent"] == (confirmed["held_out"]["accuracy_drop_low"] <= 0.02)
     assert [d["trial"] for d in variant["guard_decisions"]] == [
         t["trial"] for t in trials[1:]]

@@ -123,3 +123,34 @@ def test_a_file_that_is_not_static_int8_is_refused(float_model) -> None:  # noqa
     with pytest.raises(ValueError, match="static int8"):
         learn_rounding(float_model, dynamic, [np.zeros((4, 8, 8, 1), np.float32)],
                        iterations=10, log=LOG)
+
+
+def with_buffers_after(flatbuffer: bytes) -> bytes:
+    """The same file with its largest buffer kept after the flatbuffer (`offset`, `size`),
+    as ai-edge-quantizer writes large ones."""
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(flatbuffer))
+    index = max(range(len(model.buffers)), key=lambda i: len(model.buffers[i].data)
+                if model.buffers[i].data is not None else 0)
+    data = bytes(model.buffers[index].data)
+    model.buffers[index].data = None
+    model.buffers[index].offset, model.buffers[index].size = 1, len(data)  # placeholders
+    head = bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+    start = (len(head) + 15) // 16 * 16
+    model.buffers[index].offset = start
+    head = bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+    assert len(head) <= start  # the same size with the offset filled in
+    return head + bytes(start - len(head)) + data
+
+
+def test_a_file_with_buffers_after_its_flatbuffer_is_relearned_whole(
+        float_model, per_tensor, relearned, digits) -> None:  # noqa: ANN001
+    outside = with_buffers_after(per_tensor)
+    x = digits["x_test"][:100].astype(np.float32)
+    assert np.array_equal(_outputs(outside, x), _outputs(per_tensor, x))  # LiteRT reads it
+    made, report = learn_rounding(float_model, outside, _batches(digits), iterations=300,
+                                  log=LOG)
+    # every layer relearned as from the inline file, and the file loads (nothing lost)
+    assert [r["layer"] for r in report["layers"]] == [r["layer"] for r in relearned[1]["layers"]]
+    assert np.allclose(_outputs(made, x), _outputs(relearned[0], x), atol=1e-6)
