@@ -540,6 +540,7 @@ def report_plots(report: Mapping[str, Any], cache: Path | None = None) -> dict[s
 # stage reports the seconds it was computed in, as its first run did).
 _NOT_DRAWN = ("mlflow_run_id", "page_files")
 _NOT_DRAWN_PER_STAGE = ("started", "finished", "cached")
+_NOT_DRAWN_PER_TRIAL = ("seconds",)  # a guard trial's wall time: cached or not
 KEEP_PICTURES = 16  # reports whose pictures a folder keeps, the most recently used
 _MANIFEST = "pictures.json"
 
@@ -556,7 +557,9 @@ def picture_key(report: Mapping[str, Any]) -> str:
     drawn["variants"] = {
         name: {**variant, "stages": [
             {k: v for k, v in stage.items() if k not in _NOT_DRAWN_PER_STAGE}
-            for stage in variant.get("stages") or []]}
+            for stage in variant.get("stages") or []], "trials": [
+            {k: v for k, v in trial.items() if k not in _NOT_DRAWN_PER_TRIAL}
+            for trial in variant.get("trials") or []]}
         if isinstance(variant, Mapping) else variant
         for name, variant in (report.get("variants") or {}).items()}
     digest = hashlib.sha256(json.dumps(drawn, sort_keys=True, default=repr).encode())
