@@ -32,6 +32,7 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 import numpy as np  # noqa: E402
 
+from testbed import models_photo_xception as photo_xception  # noqa: E402
 from testbed.model_builds import deterministic, fit  # noqa: E402
 from testbed.models_photo_xception import CLASSES  # noqa: E402
 
@@ -46,40 +47,13 @@ TRAIN_PER_CLASS, CALIB_PER_CLASS, TEST_PER_CLASS = 200, 40, 60
 
 def photos() -> list[np.ndarray]:
     """The class photos as float32 RGB in [0, 1], in CLASSES order."""
-    from skimage import data
-    from sklearn.datasets import load_sample_images
-
-    sample = dict(zip(("china", "flower"), load_sample_images().images, strict=True))
-    images = []
-    for name in CLASSES:
-        image = sample[name] if name in sample else getattr(data, name)()
-        image = image.astype(np.float32) / 255.0
-        if image.ndim == 2:
-            image = np.repeat(image[..., None], 3, axis=-1)
-        images.append(image[..., :3])
-    return images
+    return photo_xception.photos(colour=True)
 
 
 def crops(images: list[np.ndarray], per_class: int, seed: int
           ) -> tuple[np.ndarray, np.ndarray]:
     """(N, 96, 96, 3) float32 in [-1, 1] and (N,) int64 labels, from one random stream."""
-    from skimage.transform import resize
-
-    rng = np.random.default_rng(seed)
-    x, y = [], []
-    for label, image in enumerate(images):
-        height, width = image.shape[:2]
-        for _ in range(per_class):
-            side = int(rng.integers(64, min(256, height, width) + 1))
-            top, left = rng.integers(0, height - side + 1), rng.integers(0, width - side + 1)
-            window = resize(image[top:top + side, left:left + side], (SIZE, SIZE),
-                            anti_aliasing=True)
-            if rng.random() < 0.5:
-                window = window[:, ::-1]
-            window = np.clip(window * rng.uniform(0.7, 1.3) + rng.uniform(-0.15, 0.15), 0, 1)
-            x.append(window)
-            y.append(label)
-    return (np.asarray(x, np.float32) - 0.5) * 2.0, np.asarray(y, np.int64)
+    return photo_xception.crops(images, per_class, seed, size=SIZE, sides=(64, 256))
 
 
 def build_model():  # noqa: ANN201

@@ -40,8 +40,9 @@ EPOCHS = 6
 TRAIN_PER_CLASS, CALIB_PER_CLASS, TEST_PER_CLASS = 300, 40, 60
 
 
-def photos() -> list[np.ndarray]:
-    """The class photos as float32 grayscale in [0, 1], in CLASSES order."""
+def photos(colour: bool = False) -> list[np.ndarray]:
+    """The class photos as float32 in [0, 1], in CLASSES order: grayscale, or RGB (a
+    grayscale photo repeated on three channels)."""
     from skimage import data
     from skimage.color import rgb2gray
     from sklearn.datasets import load_sample_images
@@ -50,32 +51,41 @@ def photos() -> list[np.ndarray]:
     images = []
     for name in CLASSES:
         image = sample[name] if name in sample else getattr(data, name)()
-        image = rgb2gray(image) if image.ndim == 3 else image.astype(np.float64) / 255.0
+        if colour:
+            image = image.astype(np.float32) / 255.0
+            image = np.repeat(image[..., None], 3, axis=-1) if image.ndim == 2 \
+                else image[..., :3]
+        else:
+            image = rgb2gray(image) if image.ndim == 3 else image.astype(np.float64) / 255.0
         images.append(image.astype(np.float32))
     return images
 
 
-def crops(images: list[np.ndarray], per_class: int, seed: int
-          ) -> tuple[np.ndarray, np.ndarray]:
-    """(N, 64, 64, 1) float32 in [-1, 1] and (N,) int64 labels, from one random stream."""
+def crops(images: list[np.ndarray], per_class: int, seed: int, size: int = SIZE,
+          sides: tuple[int, int] = (48, 192)) -> tuple[np.ndarray, np.ndarray]:
+    """(N, size, size, channels) float32 in [-1, 1] (grayscale photos get one channel) and
+    (N,) int64 labels, from one random stream: random squares of `sides` pixels, resized,
+    flipped half the time, brightness and contrast jittered."""
     from skimage.transform import resize
 
     rng = np.random.default_rng(seed)
     x, y = [], []
     for label, image in enumerate(images):
-        height, width = image.shape
+        height, width = image.shape[:2]
         for _ in range(per_class):
-            side = int(rng.integers(48, min(192, height, width) + 1))
+            side = int(rng.integers(sides[0], min(sides[1], height, width) + 1))
             top, left = rng.integers(0, height - side + 1), rng.integers(0, width - side + 1)
-            window = resize(image[top:top + side, left:left + side], (SIZE, SIZE),
+            window = resize(image[top:top + side, left:left + side], (size, size),
                             anti_aliasing=True)
             if rng.random() < 0.5:
                 window = window[:, ::-1]
             window = np.clip(window * rng.uniform(0.7, 1.3) + rng.uniform(-0.15, 0.15), 0, 1)
             x.append(window)
             y.append(label)
-    images_out = (np.asarray(x, np.float32)[..., None] - 0.5) * 2.0
-    return images_out, np.asarray(y, np.int64)
+    made = np.asarray(x, np.float32)
+    if made.ndim == 3:  # grayscale: one channel
+        made = made[..., None]
+    return (made - 0.5) * 2.0, np.asarray(y, np.int64)
 
 
 def build_model():  # noqa: ANN201
