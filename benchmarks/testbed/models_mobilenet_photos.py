@@ -33,7 +33,6 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 import numpy as np  # noqa: E402
 
 from testbed import models_photo_xception as photo_xception  # noqa: E402
-from testbed.model_builds import deterministic, fit  # noqa: E402
 from testbed.models_photo_xception import CLASSES  # noqa: E402
 
 SEED = 2041
@@ -74,24 +73,10 @@ def build_model():  # noqa: ANN201
 def make(out: Path, epochs: int = EPOCHS) -> dict[str, float]:
     """Train, then write out/model.keras and out/data.npz; returns accuracy, params and
     epochs."""
-    import keras
-
-    deterministic(SEED)
-    images = photos()
-    x_train, y_train = crops(images, TRAIN_PER_CLASS, SEED)
-    x_calib, _ = crops(images, CALIB_PER_CLASS, SEED + 1)
-    x_test, y_test = crops(images, TEST_PER_CLASS, SEED + 2)
-    model = build_model()
-    model.compile(optimizer=keras.optimizers.Adam(2e-3),
-                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    fit(model, x_train, y_train, epochs=epochs, batch_size=32, shuffle=True, verbose=0)
-    _, accuracy = model.evaluate(x_test, y_test, verbose=0)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save(out / "model.keras")
-    np.savez(out / "data.npz", x_calib=x_calib, x_test=x_test, y_test=y_test)
-    return {"accuracy": float(accuracy), "params": float(model.count_params()),
-            "epochs": epochs, "chance": 1.0 / len(CLASSES)}
-
+    made = photo_xception.train_on_crops(
+        out, build_model, photos, crops, SEED,
+        (TRAIN_PER_CLASS, CALIB_PER_CLASS, TEST_PER_CLASS), epochs, 2e-3)
+    return {**made, "chance": 1.0 / len(CLASSES)}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__,

@@ -21,7 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
@@ -121,15 +123,28 @@ def build_model():  # noqa: ANN201
 def make(out: Path, epochs: int = EPOCHS) -> dict[str, float]:
     """Train, then write out/model.keras and out/data.npz; returns accuracy, params and
     epochs."""
+    return train_on_crops(out, build_model, photos, crops, SEED,
+                          (TRAIN_PER_CLASS, CALIB_PER_CLASS, TEST_PER_CLASS), epochs, 3e-3)
+
+
+def train_on_crops(out: Path, build: Callable[[], Any],
+                   load_photos: Callable[[], list[np.ndarray]], make_crops: Callable[..., Any],
+                   seed: int, per_class: tuple[int, int, int], epochs: int,
+                   learning_rate: float) -> dict[str, float]:
+    """Train the model `build` makes on `make_crops` of the photos (train, calibration and
+    test crops from seeds seed, seed + 1, seed + 2), then write out/model.keras and
+    out/data.npz; returns accuracy, params and epochs. Shared by the testbed's photo models;
+    everything is made after seeding, in this order, so the weights are the same every
+    run."""
     import keras
 
-    deterministic(SEED)  # seeds, op determinism, one thread: the same weights every run
-    images = photos()
-    x_train, y_train = crops(images, TRAIN_PER_CLASS, SEED)
-    x_calib, _ = crops(images, CALIB_PER_CLASS, SEED + 1)
-    x_test, y_test = crops(images, TEST_PER_CLASS, SEED + 2)
-    model = build_model()
-    model.compile(optimizer=keras.optimizers.Adam(3e-3),
+    deterministic(seed)  # seeds, op determinism, one thread: the same weights every run
+    images = load_photos()
+    x_train, y_train = make_crops(images, per_class[0], seed)
+    x_calib, _ = make_crops(images, per_class[1], seed + 1)
+    x_test, y_test = make_crops(images, per_class[2], seed + 2)
+    model = build()
+    model.compile(optimizer=keras.optimizers.Adam(learning_rate),
                   loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     fit(model, x_train, y_train, epochs=epochs, batch_size=32, shuffle=True, verbose=0)
     _, accuracy = model.evaluate(x_test, y_test, verbose=0)
@@ -138,7 +153,6 @@ def make(out: Path, epochs: int = EPOCHS) -> dict[str, float]:
     np.savez(out / "data.npz", x_calib=x_calib, x_test=x_test, y_test=y_test)
     return {"accuracy": float(accuracy), "params": float(model.count_params()),
             "epochs": epochs}
-
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__,

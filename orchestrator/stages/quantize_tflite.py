@@ -20,8 +20,10 @@ float): that decides whether a DSP or an NPU can run it.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -183,11 +185,9 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
         if params.rounding == "learned" and static:
             from orchestrator.quant.learned_rounding import learn_rounding
 
-            started = time.monotonic()
-            quantized, info["learned_rounding"] = learn_rounding(
-                tuned, quantized, batches, iterations=ROUNDING_ITERATIONS, log=ctx.log)
-            info["method_seconds"] = {**info.get("method_seconds", {}), "learned_rounding":
-                                      round(time.monotonic() - started, 3)}
+            with _timed(info, "learned_rounding"):
+                quantized, info["learned_rounding"] = learn_rounding(
+                    tuned, quantized, batches, iterations=ROUNDING_ITERATIONS, log=ctx.log)
     except ValueError as exc:
         raise ModelSourceError(f"the LiteRT Quantizer could not quantize this model with "
                                f"{params.scheme}{_methods_words(params)}: {exc}") from exc
@@ -250,12 +250,19 @@ def _trained(float_model: bytes, given: ModelArtifact, params: Params,
         return float_model, fixed
     from orchestrator.quant.trained_ranges import fine_tune
 
-    started = time.monotonic()
-    trained = fine_tune(float_model, batches, steps=params.fine_tune_steps, log=ctx.log,
-                        initial_ranges=fixed or None)  # a model's own ranges: the start
+    with _timed(info, "fine_tune"):
+        trained = fine_tune(float_model, batches, steps=params.fine_tune_steps, log=ctx.log,
+                            initial_ranges=fixed or None)  # a model's own ranges: the start
     info["fine_tune"] = trained.report
-    info["method_seconds"] = {"fine_tune": round(time.monotonic() - started, 3)}
     return trained.float_model, {**fixed, **trained.ranges}
+
+
+@contextlib.contextmanager
+def _timed(info: dict[str, Any], method: str) -> Iterator[None]:
+    """info["method_seconds"][method]: what an int8 method took to find its numbers."""
+    started = time.monotonic()
+    yield
+    info.setdefault("method_seconds", {})[method] = round(time.monotonic() - started, 3)
 
 
 def _methods_used(params: Params, static: bool) -> list[str]:
