@@ -82,6 +82,7 @@ COMMAND_GROUPS = (
     ("orchestrator.cli.benchmark", "benchmark: any model file, outside a recipe"),
     ("orchestrator.cli.history", "history: the selected variant across a recipe's runs"),
     ("orchestrator.cli.device", "device check, device prepare: the boards targets measure on"),
+    ("orchestrator.cli.devices", "devices: the device catalogue and its sources"),
 )
 
 

@@ -1,40 +1,23 @@
-"""Latency estimates per target: the model's FLOPs at the device's speed, plus the runtime's
-own cost per run and per op, measured on this host and scaled by the device's one-core speed.
+"""Latency estimates per target: the shipped file's operators priced one by one on the
+target's cores (orchestrator.measure.cost_model), for the threads it runs with.
 
-FLOPs alone cannot tell a TF session (tens of µs per run) from LiteRT (about a µs): two
-files of the same arithmetic would get the same estimate, far below what this host
-measures for the slower runtime. So, per file:
+    device estimate = sum over ops of max(work at its kind's rate, bytes at the DRAM's)
+                      + the runtime's own cost per op and per run
 
-    compute (host) = FLOPs / this host's measured FLOP/s (a matmul at the benchmark's threads)
-    excess         = the file's fastest timed run - compute (host)
-    overhead       = excess clamped to [fixed, fixed + ops x per_op]
+The rates are fitted per kind of op on published measurements (benchmarks/estimates.py),
+and the estimate carries how far that benchmark found them off on devices of the same class
+of core (`expected_error`). The runtime is the one that runs the file: LiteRT with XNNPACK
+(ai-edge-litert applies it by default) or a TF session, whose cost per op (tens of µs per
+graph node) is probed on this host (orchestrator.measure.host.runtime_costs) and scaled by
+the device's one-core speed against this host's (`device_slowdown`).
 
-`fixed` and `per_op` are the runtime's own cost per run and per op, probed once per process
-on this host (orchestrator.measure.host.runtime_costs: a one-op model and a chain of cheap ops, the
-fastest of many runs). `ops` are the ops a run of the file executes: a TF session's graph
-nodes, LiteRT's operators (as `inspect` counts them). The file's own measurement decides
-within the band; outside it:
+The benchmark stage records what this needs (`basis`): the file's operators, the runtime,
+and this host's measured figures. Where no operators were recorded (no benchmark stage, a
+report from before), the estimate is FLOPs at the device's catalogued rate, and says so.
 
-- below the floor (`fixed`) is timing resolution, or kernels faster than the probe's
-  matmul: the runtime still costs its measured cost per run;
-- above the ceiling is kernel time on this host's CPU (e.g. x86's slow classic 8-bit
-  kernels, where ARM's NEON kernels are the fast ones), which does not carry over to another
-  CPU: the device's kernel time is the compute term. The overhead is capped at the ceiling
-  (`ceiling_applied`), so the same graph memory-mapped or not gets the same estimate, and
-  a loaded host's slow runs do not reach the estimate beyond the probe.
-
-The fastest timed run is taken, not the p50: other processes only ever add time. The p50
-is shown beside it; where it is over SPREAD_WARN times the fastest run, most runs were
-slowed (a busy host) and the method says so. (The coefficient of variation, `host_cv`, is
-recorded too, but one preempted run among 50 µs-scale ones pushes it over 1: the p50
-against the fastest run ignores single spikes.)
-
-    device estimate = FLOPs / device FLOP/s x precision factor + overhead x slowdown
-
-where slowdown is this host's measured one-core FLOP/s over the device's (the catalogue's
-`core_flops_per_second`): the overhead is scalar work on one core, so it follows one core's
-speed, not the device's total. Where the benchmark stage did not run (no host measurement),
-the estimate is FLOPs only and says so.
+The file's own timings on this host are kept beside the estimate (the page compares them)
+but do not enter it: kernel time on an x86 host says little about an Arm core, and an
+estimate that read them would change with every busy spell of the host.
 
 Pure: no TensorFlow import (the report and the registry import it).
 """
@@ -42,18 +25,23 @@ Pure: no TensorFlow import (the report and the registry import it).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrator.formatting import format_ms
+from orchestrator.model.operators import Operator
 from orchestrator.spec.devices import Device, core_flops_per_second
 
-__all__ = ["Estimate", "estimate", "basis", "SPREAD_WARN", "timings_spread"]
+__all__ = ["Estimate", "estimate", "basis", "SPREAD_WARN", "timings_spread",
+           "expected_error"]
 
 RUNTIME_OPS = {"tensorflow": "graph nodes", "litert": "operators"}
 RUNTIME_NAMES = {"tensorflow": "TF session", "litert": "LiteRT interpreter"}
-# timings spread wider than this (std / mean) make the fastest run a weak calibration
-SPREAD_WARN = 1.5  # p50 over the fastest run
+# the cost model's runtime for a file run by each of the benchmark's runtimes
+PRICED_AS = {"litert": "litert-xnnpack", "tensorflow": "tensorflow"}
+# timings spread wider than this (p50 over the fastest run) mark a busy host
+SPREAD_WARN = 1.5
+TOP_OPS = 5
 
 
 @dataclass(frozen=True)
@@ -62,37 +50,56 @@ class Estimate:
 
     latency_ms: float
     method: str  # every figure behind the estimate (the page's footnote)
-    compute_ms: float
-    summary: str = ""  # the estimate's two terms in one short line (the console)
-    overhead_ms: float | None = None
+    compute_ms: float  # the kernels' time on the device
+    summary: str = ""  # the estimate in one short line (the console)
+    overhead_ms: float | None = None  # the runtime's own cost per op and per run
     host_p50_ms: float | None = None
-    host_fastest_ms: float | None = None  # what the overhead is calibrated on
-    device_slowdown: float | None = None
+    host_fastest_ms: float | None = None
+    device_slowdown: float | None = None  # this host's one-core speed over the device's
     fixed_ms: float | None = None  # the runtime's cost per run, on the device
     per_op_ms: float | None = None  # and per op, on the device
     ops: int | None = None
     runtime: str | None = None
-    ceiling_applied: bool = False  # the file's excess was over fixed + ops x per_op
-    host_cv: float | None = None  # std / mean of the file's timed runs on this host
+    ceiling_applied: bool = False  # kept for older reports' readers: always False now
+    host_cv: float | None = None
+    threads: int | None = None
+    threads_from: str | None = None  # "target" or "big cores"
+    thread_speedup: float | None = None
+    priced_as: str | None = None  # the cost model's runtime
+    top_ops: list[dict[str, Any]] = field(default_factory=list)
+    by_kind_ms: dict[str, float] = field(default_factory=dict)
+    expected_error: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """report.json's `estimate` (est_latency_ms stays the target's own key)."""
         data = asdict(self)
         data.pop("latency_ms")
-        return {key: (round(value, 7) if isinstance(value, float) else value)
-                for key, value in data.items()}
+        return _rounded(data)
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, 7)
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return value
 
 
 def basis(p50_ms: float, flops_per_second: float, core_flops_per_second: float,
           fixed_ms: float, ops: int | None, runtime: str, min_ms: float | None = None,
-          per_op_ms: float | None = None, cv: float | None = None) -> dict[str, Any]:
+          per_op_ms: float | None = None, cv: float | None = None,
+          operators: list[Operator] | None = None) -> dict[str, Any]:
     """What the benchmark stage records for the estimates (report.json `estimate_basis`):
     its measured p50, fastest run and cv of this file, this host's measured speed, the
-    runtime's probed cost per run and per op, and the ops a run of this file executes."""
+    runtime's probed cost per run and per op, the ops a run executes, and the operators
+    (one compact row each: name, op, kind, precision, FLOPs, elements, bytes, shape)."""
     return {"host_p50_ms": p50_ms, "host_min_ms": p50_ms if min_ms is None else min_ms,
             "host_cv": cv, "host_flops_per_second": flops_per_second,
             "host_core_flops_per_second": core_flops_per_second,
-            "fixed_ms": fixed_ms, "per_op_ms": per_op_ms, "ops": ops, "runtime": runtime}
+            "fixed_ms": fixed_ms, "per_op_ms": per_op_ms, "ops": ops, "runtime": runtime,
+            **({"operators": [o.to_row() for o in operators]} if operators else {})}
 
 
 def _number(measured: Mapping[str, Any], key: str) -> float | None:
@@ -100,10 +107,32 @@ def _number(measured: Mapping[str, Any], key: str) -> float | None:
     return float(value) if isinstance(value, int | float) and value >= 0 else None
 
 
+def expected_error(device: Device) -> dict[str, Any] | None:
+    """How far the benchmark found estimates off on published devices of this device's
+    class of core (leave-one-device-out), with the words the report shows."""
+    from orchestrator.measure.cost_model import calibration
+
+    core_class = device.cpu_clusters[0].core_class
+    figures = calibration().expected_error.get(core_class)
+    scope = f"published {core_class} devices"
+    if not figures or not figures.get("rows"):
+        figures, scope = calibration().expected_error.get("all"), "all published devices"
+    if not figures or not figures.get("rows"):
+        return None
+    band = round((float(figures["p80_factor"]) - 1.0) * 100)
+    return {**figures, "class": core_class,
+            "text": f"±{band} % for 4 in 5 rows on {scope} (median error "
+                    f"{figures['median_factor']:.2f}x over {figures['rows']} rows, each "
+                    "device left out of the fit; benchmarks/estimates.py)"}
+
+
 def estimate(flops: float | None, device: Device, precision: str = "float32",
              measured: Mapping[str, Any] | None = None) -> Estimate | None:
-    """The estimate for one file on `device`, or None without FLOPs. `measured` is the
-    benchmark stage's `estimate_basis` (see `basis`); None: FLOPs only."""
+    """The estimate for one file on `device`, or None without FLOPs or operators.
+    `measured` is the benchmark stage's `estimate_basis` (see `basis`)."""
+    rows = (measured or {}).get("operators")
+    if rows:
+        return _priced([Operator.from_row(r) for r in rows], device, measured or {})
     if flops is None:
         return None
     factor = device.precision_factors.get(precision, 1.0)
@@ -111,78 +140,86 @@ def estimate(flops: float | None, device: Device, precision: str = "float32",
     compute_text = (f"{format_ms(compute_ms)} compute ({_flops(flops)} at "
                     f"{_rate(device.flops_per_second)}"
                     + (f" ×{factor:g} {precision}" if factor != 1.0 else "") + ")")
-    usable = measured is not None and all(
-        isinstance(measured.get(key), int | float) and measured[key] > 0
-        for key in ("host_flops_per_second", "host_core_flops_per_second"))
-    if not usable or not isinstance(measured.get("host_p50_ms"), int | float):
-        return Estimate(latency_ms=compute_ms, compute_ms=compute_ms,
-                        method=f"{compute_text}; FLOPs only: no host measurement of this "
-                               "file (add benchmark to the pipeline to count the runtime's "
-                               "own cost)",
-                        summary=f"{compute_text}; FLOPs only (no benchmark stage)")
-    assert measured is not None
-    p50 = float(measured["host_p50_ms"])
-    host_ms = _number(measured, "host_min_ms")
-    host_ms = p50 if host_ms is None else host_ms
-    cv = _number(measured, "host_cv")
-    host_compute_ms = flops / float(measured["host_flops_per_second"]) * 1000.0
-    fixed = _number(measured, "fixed_ms") or 0.0
-    per_op = _number(measured, "per_op_ms")
-    ops = measured.get("ops")
-    ops = int(ops) if isinstance(ops, int | float) and ops > 0 else None
-    runtime = measured.get("runtime")
-    noun = RUNTIME_OPS.get(str(runtime), "ops")
-    ceiling = None if per_op is None or ops is None else fixed + ops * per_op
-    excess = host_ms - host_compute_ms
-    overhead_host = max(fixed, excess)
-    capped = ceiling is not None and overhead_host > ceiling
-    if capped:
-        assert ceiling is not None
-        overhead_host = ceiling
-    slowdown = float(measured["host_core_flops_per_second"]) / core_flops_per_second(device)
-    overhead_ms = overhead_host * slowdown
+    return Estimate(latency_ms=compute_ms, compute_ms=compute_ms,
+                    method=f"{compute_text}; FLOPs only: no operators of this file were "
+                           "recorded (add benchmark to the pipeline for the per-op estimate)",
+                    summary=f"{compute_text}; FLOPs only (no benchmark stage)")
 
-    probe = (f"{RUNTIME_NAMES.get(str(runtime), str(runtime or 'the runtime'))}: "
-             f"{format_ms(fixed)} per run"
-             + ("" if per_op is None else f" + {format_ms(per_op)} per op")
-             + ", probed on this host")
-    mine = (f"this file's {format_ms(host_ms)} fastest run (p50 {format_ms(p50)}) "
-            f"less its {format_ms(host_compute_ms)} compute at the probe's matmul rate")
-    mine += (f" leaves {format_ms(excess)}" if excess > 0 else " leaves nothing")
-    if capped:
-        assert ceiling is not None and ops is not None
-        kernels = ("x86's classic 8-bit kernels are slow ones, ARM's NEON ones fast"
-                   if precision == "int8" and runtime == "tensorflow" else
-                   "its kernels short of the probe's matmul rate on these tensors")
-        why = (f", over the {format_ms(ceiling)} the runtime costs for its {ops} {noun}: "
-               f"the rest is kernel time on this host's CPU ({kernels}), which does not "
-               "carry over to another CPU, so the overhead is capped there")
-    elif excess < fixed:
-        why = (f", under the runtime's {format_ms(fixed)} per run (timing resolution, or "
-               "kernels faster than the probe's matmul): the overhead is that cost per run")
-    elif ceiling is None:
-        why = (": taken as measured (no per-op probe in this measurement, so it is not "
-               "capped at the runtime's own cost)")
-    else:
-        assert ops is not None
-        why = (f", within the runtime's cost for its {ops} {noun} "
-               f"({format_ms(fixed)} to {format_ms(ceiling)}): taken as measured")
+
+def _priced(operators: list[Operator], device: Device, measured: Mapping[str, Any]
+            ) -> Estimate:
+    from orchestrator.measure.cost_model import RUNTIMES, price
+
+    runtime = str(measured.get("runtime") or "litert")
+    priced_as = PRICED_AS.get(runtime, "litert-xnnpack")
+    host_core = _number(measured, "host_core_flops_per_second")
+    slowdown = host_core / core_flops_per_second(device) if host_core else None
+    per_op_host = _number(measured, "per_op_ms")
+    fixed_host = _number(measured, "fixed_ms") or 0.0
+    # a TF session's cost per node is its executor's, probed on this host: scaled to the
+    # device's core; LiteRT's is the calibrated one (the same for every run of a file)
+    probed = runtime == "tensorflow" and per_op_host is not None and slowdown is not None
+    dispatch = per_op_host * slowdown if probed else None
+    pricing = price(operators, device, priced_as, dispatch_ms=dispatch)
+    fixed_ms = fixed_host * slowdown if probed else 0.0
+    total = pricing.total_ms + fixed_ms
+    ops = len(operators)
+    per_op_ms = (dispatch if dispatch is not None else
+                 _calibrated_dispatch_ms(device, pricing.threads))
+    overhead = per_op_ms * ops + fixed_ms
+    compute = max(total - overhead, 0.0)
+    threads_from = "target" if device.threads else "big cores"
     cpu = device.cpu or device.name or "this device"
-    method = (f"{compute_text} + {format_ms(overhead_ms)} runtime overhead "
-              f"({format_ms(overhead_host)} on this host ×{slowdown:.3g} for a {cpu}, one "
-              f"core against this host's; {probe}; {mine}{why})")
-    spread = timings_spread(p50, host_ms)
-    if spread is not None:
-        method += f"; {spread}: rerun on a quiet machine for a firmer estimate"
-    summary = (f"{compute_text} + {format_ms(overhead_ms)} runtime overhead "
-               f"({format_ms(overhead_host)} on this host ×{slowdown:.3g} for a {cpu})")
-    return Estimate(latency_ms=compute_ms + overhead_ms, method=method, summary=summary,
-                    compute_ms=compute_ms, overhead_ms=overhead_ms, host_p50_ms=p50,
-                    host_fastest_ms=host_ms, device_slowdown=round(slowdown, 4),
-                    fixed_ms=fixed * slowdown,
-                    per_op_ms=None if per_op is None else per_op * slowdown,
-                    ops=ops, runtime=None if runtime is None else str(runtime),
-                    ceiling_applied=capped, host_cv=None if cv is None else round(cv, 4))
+    error = expected_error(device)
+    top = [{"name": o.name, "op": o.op, "kind": o.kind, "precision": o.precision,
+            "ms": o.ms, "share": o.share, "why": o.why} for o in pricing.top(TOP_OPS)]
+    kinds = pricing.by_kind()
+    kinds_text = ", ".join(f"{kind} {format_ms(ms)}" for kind, ms in list(kinds.items())[:4])
+    threads_text = (f"{pricing.threads} thread{'s' if pricing.threads > 1 else ''} ("
+                    + ("the target's `threads:`" if threads_from == "target"
+                       else "the device's big cores; a target's `threads:` sets it")
+                    + (f", ×{pricing.speedup:.2f} on compute" if pricing.threads > 1 else "")
+                    + ")")
+    where = f"{cpu}" + (f" ({device.soc})" if device.soc else "")
+    overhead_text = (f"{format_ms(overhead)} {RUNTIME_NAMES.get(runtime, runtime)} overhead "
+                     + (f"({ops} {RUNTIME_OPS.get(runtime, 'ops')} × "
+                        f"{format_ms(per_op_host or 0.0)} probed on this host ×{slowdown:.3g} "
+                        f"for a {cpu} core, + {format_ms(fixed_ms)} per run)" if probed
+                        else f"({ops} ops × {format_ms(per_op_ms)} calibrated dispatch)"))
+    method = (f"{format_ms(total)} on {where} with {RUNTIMES[priced_as]}, {threads_text}: "
+              f"{format_ms(compute)} in kernels by kind ({kinds_text}) + {overhead_text}. "
+              "Each op's work at its kind's rate on this core (fitted on published "
+              "measurements), or its bytes at the DRAM's bandwidth where that is longer"
+              + (f"; expected error {error['text']}" if error else ""))
+    p50 = _number(measured, "host_p50_ms")
+    fastest = _number(measured, "host_min_ms")
+    if p50 is not None and fastest:
+        spread = timings_spread(p50, fastest)
+        if spread is not None and probed:
+            method += f"; {spread}: the probe of the runtime's cost may read high"
+    summary = (f"{format_ms(total)} on {pricing.threads} thread"
+               f"{'s' if pricing.threads > 1 else ''} of a {cpu} ({kinds_text}; "
+               f"{format_ms(overhead)} overhead)"
+               + (f", expected error ±{round((error['p80_factor'] - 1) * 100)} %"
+                  if error else ""))
+    cv = _number(measured, "host_cv")
+    return Estimate(latency_ms=total, method=method, summary=summary, compute_ms=compute,
+                    overhead_ms=overhead, host_p50_ms=p50, host_fastest_ms=fastest,
+                    device_slowdown=None if slowdown is None else round(slowdown, 4),
+                    fixed_ms=fixed_ms, per_op_ms=per_op_ms, ops=ops, runtime=runtime,
+                    host_cv=None if cv is None else round(cv, 4), threads=pricing.threads,
+                    threads_from=threads_from, thread_speedup=round(pricing.speedup, 3),
+                    priced_as=priced_as, top_ops=top,
+                    by_kind_ms={k: round(v, 6) for k, v in kinds.items()},
+                    expected_error=error)
+
+
+def _calibrated_dispatch_ms(device: Device, threads: int) -> float:
+    from orchestrator.measure.cost_model import calibration
+
+    cal = calibration()
+    cycles = cal.dispatch_cycles + (cal.sync_cycles if threads > 1 else 0.0)
+    return cycles / (device.cpu_clusters[0].ghz * 1e9) * 1e3
 
 
 def timings_spread(p50_ms: float, fastest_ms: float) -> str | None:

@@ -21,16 +21,7 @@ def count_flops(graph_def: Any, input_shapes: Mapping[str, Sequence[int]],
     float twins. Ops whose shapes stay unknown count 0, with a note in `warnings`."""
     import tensorflow as tf
 
-    fixed = tf.compat.v1.GraphDef()
-    fixed.CopyFrom(graph_def)
-    for node in fixed.node:
-        node.attr.pop("_output_shapes", None)  # stale once the input shape changes
-        if node.name in input_shapes and node.op.startswith("Placeholder"):
-            node.attr["shape"].CopyFrom(tf.compat.v1.AttrValue(
-                shape=tf.TensorShape(list(input_shapes[node.name])).as_proto()))
-    graph = tf.Graph()
-    with graph.as_default():
-        tf.compat.v1.import_graph_def(fixed, name="")
+    graph = imported(graph_def, input_shapes)
     options = tf.compat.v1.profiler.ProfileOptionBuilder.float_operation()
     options["output"] = "none"
     # The profiler reports ops of unknown shape on stderr, and logs a deprecation per call.
@@ -45,6 +36,24 @@ def count_flops(graph_def: Any, input_shapes: Mapping[str, Sequence[int]],
     if warnings is not None and notes.getvalue().strip():
         warnings.append(f"FLOPs undercounted: {notes.getvalue().strip()}")
     return int(profile.total_float_ops) + _quantized_flops(graph)
+
+
+def imported(graph_def: Any, input_shapes: Mapping[str, Sequence[int]]) -> Any:
+    """`graph_def` imported into a tf.Graph with its placeholders fixed to `input_shapes`
+    (node name -> shape), so that every tensor's shape is known where it can be."""
+    import tensorflow as tf
+
+    fixed = tf.compat.v1.GraphDef()
+    fixed.CopyFrom(graph_def)
+    for node in fixed.node:
+        node.attr.pop("_output_shapes", None)  # stale once the input shape changes
+        if node.name in input_shapes and node.op.startswith("Placeholder"):
+            node.attr["shape"].CopyFrom(tf.compat.v1.AttrValue(
+                shape=tf.TensorShape(list(input_shapes[node.name])).as_proto()))
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.import_graph_def(fixed, name="")
+    return graph
 
 
 def _shape(graph: Any, name: str) -> list[int] | None:

@@ -17,6 +17,7 @@ import numpy as np
 
 from orchestrator.errors import ModelSourceError
 from orchestrator.model.native_output import native_output_held
+from orchestrator.model.operators import Operator, conv_kind, precision_from_types
 
 # The magic at byte 4 of every TFLite flatbuffer (its file identifier).
 FILE_IDENTIFIER = b"TFL3"
@@ -271,8 +272,6 @@ _PER_OUTPUT_ELEMENT = {"ADD": 1, "SUB": 1, "MUL": 1, "DIV": 1, "MAXIMUM": 1, "MI
 _PER_INPUT_ELEMENT = {"SOFTMAX": 5, "RSQRT": 2, "SQUARE": 1, "LOG": 1, "NEG": 1}
 # reductions: input elements x 1, plus output elements x (finalize - 1)
 _REDUCTIONS = {"MEAN": 1, "SUM": 0, "ARG_MAX": 0, "ARG_MIN": 0}
-# TensorType values of the 8-bit integer types (LiteRT's schema)
-_INT8_TYPES = {3, 9}  # UINT8, INT8
 
 
 Shapes = dict[int, tuple[int, ...]]  # tensor index -> its shape in one inference
@@ -337,25 +336,99 @@ def _one_sample_shapes(data: bytes, tensors: list[Any]) -> Shapes:
     return shapes
 
 
+# LiteRT's TensorType values -> (numpy dtype name, bytes per element)
+_TENSOR_TYPES = {0: ("float32", 4), 1: ("float16", 2), 2: ("int32", 4), 3: ("uint8", 1),
+                 4: ("int64", 8), 6: ("bool", 1), 7: ("int16", 2), 9: ("int8", 1),
+                 10: ("float64", 8)}
+# builtin op -> the kind of kernel it runs on (orchestrator.model.operators.KINDS); CONV_2D
+# is split into 1x1 and KxK by its filter
+_KIND_OF = {
+    "DEPTHWISE_CONV_2D": "depthwise", "TRANSPOSE_CONV": "conv", "CONV_3D": "conv",
+    "FULLY_CONNECTED": "fully_connected", "BATCH_MATMUL": "fully_connected",
+    "AVERAGE_POOL_2D": "pool", "MAX_POOL_2D": "pool", "L2_POOL_2D": "pool", "MEAN": "pool",
+    "SUM": "pool", "REDUCE_MAX": "pool", "REDUCE_MIN": "pool", "ARG_MAX": "pool",
+    "ARG_MIN": "pool", "SOFTMAX": "softmax", "LOG_SOFTMAX": "softmax",
+    "RESIZE_BILINEAR": "resize", "RESIZE_NEAREST_NEIGHBOR": "resize",
+    "CONCATENATION": "data", "PAD": "data", "PADV2": "data", "MIRROR_PAD": "data",
+    "TRANSPOSE": "data", "SLICE": "data", "STRIDED_SLICE": "data", "GATHER": "data",
+    "SPLIT": "data", "SPLIT_V": "data", "PACK": "data", "UNPACK": "data", "TILE": "data",
+    "SPACE_TO_DEPTH": "data", "DEPTH_TO_SPACE": "data", "BROADCAST_TO": "data",
+    "RESHAPE": "reshape", "SQUEEZE": "reshape", "EXPAND_DIMS": "reshape",
+}
+_ELEMENTWISE = {"ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "POW", "SQUARED_DIFFERENCE",
+                "RELU", "RELU6", "RELU_N1_TO_1", "RELU_0_TO_1", "LEAKY_RELU", "PRELU",
+                "LOGISTIC", "TANH", "HARD_SWISH", "GELU", "ELU", "EXP", "LOG", "SQRT",
+                "RSQRT", "SQUARE", "NEG", "ABS", "QUANTIZE", "DEQUANTIZE", "CAST", "FLOOR",
+                "CEIL", "ROUND", "SIN", "COS", "GREATER", "GREATER_EQUAL", "LESS",
+                "LESS_EQUAL", "EQUAL", "NOT_EQUAL", "SELECT", "SELECT_V2", "ADD_N",
+                "FLOOR_DIV", "FLOOR_MOD", "LOGICAL_AND", "LOGICAL_OR", "LOGICAL_NOT"}
+
+
+def operators(data: bytes) -> list[Operator]:
+    """The operators of one inference of a .tflite (main subgraph, batch 1, unknown
+    dimensions as 1), each with its kind, precision, FLOPs (as TF's v1 profiler counts the
+    graph's ops), output elements and the bytes it reads and writes."""
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(data))
+    if not model.subgraphs:
+        return []
+    subgraph = model.subgraphs[0]
+    tensors = list(subgraph.tensors or [])
+    shapes = _one_sample_shapes(data, tensors)
+
+    def dtype(index: int) -> tuple[str, int]:
+        return _TENSOR_TYPES.get(int(tensors[index].type), ("float32", 4))
+
+    found = []
+    for op in subgraph.operators or []:
+        name = flatbuffer_utils.opcode_to_name(model, op.opcodeIndex) or "CUSTOM"
+        inputs = [int(i) for i in op.inputs if int(i) >= 0]
+        outputs = [int(i) for i in op.outputs if int(i) >= 0]
+        moved = sum(_elements(shapes, i) * dtype(i)[1] for i in inputs + outputs)
+        out = _elements(shapes, outputs[0]) if outputs else 0
+        kind = _KIND_OF.get(name, "elementwise" if name in _ELEMENTWISE else "other")
+        detail = ""
+        if name == "CONV_2D" and len(inputs) > 1:
+            filt = [max(int(d), 1) for d in shapes[inputs[1]]]  # [out, h, w, in]
+            kind = conv_kind(filt[1], filt[2])
+            detail = _conv_detail(op, filt[1], filt[2], filt[3], filt[0], shapes, outputs)
+        elif name == "DEPTHWISE_CONV_2D" and len(inputs) > 1:
+            filt = [max(int(d), 1) for d in shapes[inputs[1]]]  # [1, h, w, out]
+            detail = _conv_detail(op, filt[1], filt[2], filt[3], filt[3], shapes, outputs)
+        elif kind == "fully_connected" and len(inputs) > 1:
+            detail = f"{_elements(shapes, inputs[1])} weights"
+        elif outputs:
+            detail = "x".join(str(d) for d in shapes.get(outputs[0], ()))
+        weights = dtype(inputs[1])[0] if len(inputs) > 1 and kind in (
+            "conv", "conv_1x1", "depthwise", "fully_connected") else None
+        activation = dtype(inputs[0])[0] if inputs else "float32"
+        if name in ("QUANTIZE", "DEQUANTIZE"):  # priced by the side that is not float
+            activation = next((dtype(i)[0] for i in inputs + outputs
+                               if dtype(i)[0] not in ("float32", "float16")), activation)
+        found.append(Operator(
+            name=tensor_name(tensors[outputs[0]]) if outputs else name, op=name, kind=kind,
+            precision=precision_from_types(activation, weights),
+            flops=_op_flops(name, op, shapes), elements=out, bytes=moved, detail=detail))
+    return found
+
+
+def _conv_detail(op: Any, kh: int, kw: int, c_in: int, c_out: int, shapes: Shapes,
+                 outputs: list[int]) -> str:
+    stride = int(getattr(op.builtinOptions, "strideH", 1) or 1)
+    out = shapes.get(outputs[0], ()) if outputs else ()
+    spatial = f", {out[1]}x{out[2]} out" if len(out) == 4 else ""
+    return f"{kh}x{kw}/{stride} {c_in}->{c_out} ch{spatial}"
+
+
 def count_flops(data: bytes) -> tuple[int, str]:
     """FLOPs of one inference of a .tflite (its main subgraph, batch 1, unknown dimensions
     as 1), counted from its operators as TF's v1 profiler counts the graph's, and the
     precision its arithmetic runs in ("int8" when a conv or matmul takes 8-bit inputs,
     else "float32"), as the device estimates take it. Ops the profiler does not count
     (reshapes, activations, (de)quantize) count 0."""
-    from ai_edge_litert.tools import flatbuffer_utils
-
-    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(data))
-    if not model.subgraphs:
-        return 0, "float32"
-    subgraph = model.subgraphs[0]
-    tensors = list(subgraph.tensors or [])
-    shapes = _one_sample_shapes(data, tensors)
-    total, precision = 0, "float32"
-    for op in subgraph.operators or []:
-        name = flatbuffer_utils.opcode_to_name(model, op.opcodeIndex) or "CUSTOM"
-        total += _op_flops(name, op, shapes)
-        if name in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "BATCH_MATMUL") \
-                and len(op.inputs) and tensors[op.inputs[0]].type in _INT8_TYPES:
-            precision = "int8"
-    return total, precision
+    found = operators(data)
+    heavy = {"conv", "conv_1x1", "depthwise", "fully_connected"}
+    precision = "int8" if any(o.kind in heavy and o.precision == "int8"
+                              for o in found) else "float32"
+    return sum(o.flops for o in found), precision

@@ -111,9 +111,17 @@ class LoadedRecipe:
         devices = {}
         for index, target in enumerate(self.recipe.targets):
             try:
-                devices[target.name] = resolve_device(target.device)
+                device = resolve_device(target.device)
             except ValueError as exc:
                 raise self.error(str(exc), ("targets", index, "device")) from exc
+            if target.threads is not None:
+                if target.threads > device.cores:
+                    raise self.error(
+                        f"threads: {target.threads} is more than the {device.cores} cores "
+                        f"of {device.name or 'this device'}: threads beyond its cores only "
+                        "share them", ("targets", index, "threads"))
+                device = device.model_copy(update={"threads": target.threads})
+            devices[target.name] = device
         return devices
 
     def relocate(self, exc: OrchestratorError, loc: Loc, prefix: str = "") -> Any:

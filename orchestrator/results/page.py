@@ -115,14 +115,17 @@ def method_rows(report: Mapping[str, Any]) -> list[dict[str, Any]]:
                 continue
             if made.get("overhead_ms") is None:
                 how = "FLOPs at the device's rate only (no benchmark stage)"
-            else:
+            elif made.get("top_ops"):
+                threads = int(made.get("threads") or 1)
+                chosen = ("the target's" if made.get("threads_from") == "target"
+                          else "its big cores")
+                how = (f"{threads} thread{'s' if threads > 1 else ''} ({chosen}), ops priced "
+                       f"as {made.get('priced_as')}")
+            else:  # a report from before per-op estimates
                 runtime = RUNTIME_NAMES.get(str(made.get("runtime")), "runtime")
                 how = (f"FLOPs at the device's rate + {runtime} overhead measured here "
                        f"×{made.get('device_slowdown', 0):.3g}")
-                if made.get("ceiling_applied"):
-                    how += "; this host's extra kernel time left out"
-                if "host timings spread" in made["method"]:
-                    how += "; host timings spread"
+            error = made.get("expected_error") or {}
             rows.append({
                 "variant": name, "target": target,
                 "device": (targets.get(target) or {}).get("device") or result.get("device"),
@@ -131,7 +134,13 @@ def method_rows(report: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "overhead": format_ms(made.get("overhead_ms")),
                 "host": format_ms((variant.get("latency_ms") or {}).get("p50")),
                 "below_host": below_host(variant, target),
-                "how": how, "method": made["method"]})
+                "how": how, "method": made["method"],
+                "expected_error": (f"±{round((error['p80_factor'] - 1) * 100)} %"
+                                   if error.get("p80_factor") else ""),
+                "expected_error_text": error.get("text", ""),
+                "top_ops": [{**op, "ms": format_ms(op.get("ms")),
+                             "share": f"{100 * float(op.get('share') or 0):.0f} %"}
+                            for op in made.get("top_ops") or []]})
     return rows
 
 

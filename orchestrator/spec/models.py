@@ -127,6 +127,10 @@ class Target(Strict):
     name: str = Field(description="Target name, used in report.json and `selected`.")
     device: str | Device = Field(description="A device preset name, or an inline device spec.")
     budgets: Budgets = Field(default_factory=Budgets, description="Budgets to gate on.")
+    threads: bounded("threads") | None = Field(
+        None, description="Threads the model runs with on this device: its estimate is for "
+        "this count. Default: the device's big cores (a Pixel 4: 4; a Pixel XL: 2), as "
+        "`orchestrator devices` lists them.")
     connect: str | None = Field(
         None, description="Measure on this board: ssh://[user@]host[:port][?python=PATH] (your "
         "OpenSSH setup; never a password) or qemu://aarch64?cpu=cortex-a76 (an emulated Arm "

@@ -12,15 +12,14 @@ data, else random data of the input's shape (unknown dimensions taken as 1).
 - `flops`: the v1 profiler's float-operation count (2 per multiply-add) with the input's
   batch fixed to 1, so one inference. Quantized ops (QuantizedConv2D, QuantizedMatMul,
   ...) are counted like their float twins: an 8-bit graph does the same arithmetic.
-- `est_latency_ms`: per target, an estimate, not a measurement: FLOPs / the device's
-  FLOP/s x its precision factor (int8 when the graph has Quantized* ops), plus the
-  runtime's own cost (the fastest timed run minus its compute on this host, kept between
-  the runtime's probed cost per run and per run + per op x ops, scaled by the device's
-  one-core speed against this host's). `estimate` says per target how it was made,
-  `estimate_basis` what it was calibrated on: this host's measured FLOP/s (a matmul
-  probe, all threads and one), the runtime's probed cost per run (`fixed_ms`) and per op
-  (`per_op_ms`), the ops a run executes (graph nodes for a TF session, operators for
-  LiteRT, as `inspect` counts them) and the timings' cv. See orchestrator.measure.estimates.
+- `est_latency_ms`: per target, an estimate, not a measurement: the file's operators
+  priced one by one on the target's cores for the threads it runs with (each op's work
+  at its kind's fitted rate, or its bytes at the DRAM's bandwidth), plus the runtime's own
+  cost per op (see orchestrator.measure.estimates and cost_model). `estimate` says per
+  target how it was made, its 5 costliest ops and its expected error; `estimate_basis`
+  keeps the operators (one compact row each), the runtime, this host's measured FLOP/s
+  and the runtime's probed cost per run and per op (a TF session's is scaled to the
+  device), and this file's timings here.
 - `memory`: `load_ms`, `rss_growth_mb` and `anon_growth_mb` of a fresh process that reads
   the shipped file (decrypting it, mapping memmapped weights), loads it and runs it once:
   measured, see orchestrator.measure.load_probe. RssAnon is the heap a phone's OS counts.
@@ -45,6 +44,7 @@ from pydantic import Field
 from orchestrator.limits import MAX_THREAD_SETTINGS, bounded
 from orchestrator.measure.estimates import basis, estimate
 from orchestrator.measure.flops import count_flops
+from orchestrator.measure.graph_operators import graph_operators
 from orchestrator.measure.host import describe, speed
 from orchestrator.measure.tf_runtime import random_input
 from orchestrator.model.artifact import ModelArtifact
@@ -114,7 +114,11 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
     opened = unwrapped(given, ctx.model_key)
     ops = graph_nodes if runtime == "tensorflow" else _operators(opened)
     flops: int | None
+    operators = None  # what the device estimates price, op by op
     if opened.kind == "tflite":  # no graph to profile: the graph it was converted from
+        from orchestrator.model.litert_model import operators as litert_operators
+
+        operators = litert_operators(opened.payload) if opened.payload else None
         tflite = opened.metadata.get("tflite") or {}
         flops = tflite.get("flops")
         precision = "int8" if tflite.get("mode") == "int8" else "float32"
@@ -129,6 +133,7 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
                       zip(artifact.input_names, feeds, strict=True) if feed.ndim > 0}
         try:
             flops = count_flops(artifact.graph_def, one_sample, warnings)
+            operators = graph_operators(artifact.graph_def, one_sample)
         except (ValueError, TypeError) as exc:  # shapes the profiler cannot resolve
             flops = None
             warnings.append(f"FLOPs not counted: {exc}")
@@ -147,7 +152,8 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
         info["estimate_basis"] = basis(latency["p50"], host["flops_per_second"],
                                        host["core_flops_per_second"], host["fixed_ms"], ops,
                                        runtime, min_ms=latency["min"],
-                                       per_op_ms=host["per_op_ms"], cv=latency["cv"])
+                                       per_op_ms=host["per_op_ms"], cv=latency["cv"],
+                                       operators=operators)
         estimates = {target: estimate(flops, device, precision, info["estimate_basis"])
                      for target, device in ctx.devices.items()}
         info["est_latency_ms"] = {target: round(e.latency_ms, 4)

@@ -1,0 +1,258 @@
+"""A model's latency on a device, op by op: each operator's work at the rate its kind of
+kernel sustains on that device's cores, at its precision and runtime, or the time its bytes
+take to move where that is longer; plus each op's dispatch; for the threads it runs with.
+
+    op time  = max((work + output elements x element cost[kind])
+                   / (core peak x efficiency[precision][kind] x runtime factor
+                      x the op's thread speedup),
+                   bytes / (DRAM bandwidth x bandwidth efficiency))
+               + dispatch (+ a thread barrier per op when threads > 1)
+    core peak = clock x float32 FLOPs per cycle x the core class's factor
+                (x 2 for int8, x the dot-product gain where the core has SDOT)
+    thread speedup = 1 + parallel efficiency x (sum of the cores' speeds / the first's - 1)
+                     (an op gets work / (work + parallel work) of it: small ops barely split)
+
+Work is the op's FLOPs (2 per multiply-add) for convolutions, matmuls and pooling, and its
+output elements for elementwise kinds. The efficiencies, class factors, dispatch cost,
+parallel and bandwidth efficiencies are fitted per kind of op on published measurements
+(benchmarks/estimates.py writes latency_calibration.json beside this module), never per
+model: the fit sees MobileNet's depthwise layers and Inception's 3x3s, not "MobileNet v1 on
+a Pixel 3". A device brings only what its datasheet says (clusters, clocks, FLOPs per
+cycle, dot product, DRAM bandwidth: spec/devices.py).
+
+Pure: numpy only (the report, the registry and the benchmark import it). The fit uses the
+same vectorised function (`seconds`) over many rows at once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from orchestrator.model.operators import KINDS, PRECISIONS, Operator
+from orchestrator.spec.devices import Device
+
+__all__ = ["Calibration", "Pricing", "PricedOp", "calibration", "price", "RUNTIMES",
+           "OpArrays", "DeviceRow", "device_row", "op_arrays", "seconds"]
+
+CALIBRATION_FILE = Path(__file__).with_name("latency_calibration.json")
+KIND_LIST = list(KINDS)
+GEMM_KINDS = ("conv_1x1", "conv", "depthwise", "fully_connected", "pool")
+CLASSES = ("arm-ooo", "arm-in-order", "apple", "x86")
+RUNTIMES = {"litert-xnnpack": "LiteRT with XNNPACK", "litert-builtin": "LiteRT builtin "
+            "kernels", "tensorflow": "a TF session"}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The fitted rates (latency_calibration.json): see the module docstring."""
+
+    efficiency: dict[str, dict[str, float]]  # precision -> kind -> share of the core's peak
+    class_factor: dict[str, float]  # core class -> its sustained speed against arm-ooo's
+    parallel_efficiency: float
+    dispatch_cycles: float  # per op, on the device's first core
+    sync_cycles: float  # per op, when more than one thread runs it
+    bandwidth_efficiency: float  # share of the theoretical DRAM bandwidth ops sustain
+    dotprod_gain: float  # int8 GEMMs' speed with SDOT against without
+    runtime_factor: dict[str, dict[str, float]]  # runtime -> precision -> speed factor
+    expected_error: dict[str, Any]  # what benchmarks/estimates.py measured, per class
+    fitted_on: str = ""
+    # per output element, in FLOP-equivalents at the kind's rate: a kernel's cost beyond
+    # its multiply-adds (packing, writing the output, a depthwise's loads per pixel)
+    element_cost: dict[str, float] = field(default_factory=dict)
+    # an op of this much work gets half the threads' speedup: small ops barely split
+    parallel_work: float = 1e6
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Calibration:
+        return cls(**{key: data[key] for key in cls.__dataclass_fields__ if key in data})
+
+    def to_json(self) -> dict[str, Any]:
+        return {key: getattr(self, key) for key in self.__dataclass_fields__}
+
+
+@lru_cache(maxsize=1)
+def calibration() -> Calibration:
+    """The committed calibration (read once per process)."""
+    return Calibration.from_json(json.loads(CALIBRATION_FILE.read_text()))
+
+
+# ------------------------------------------------------------------ vectorised arithmetic
+
+@dataclass(frozen=True)
+class OpArrays:
+    """A model's operators as arrays (one entry per op)."""
+
+    kind: np.ndarray  # index into KIND_LIST
+    precision: np.ndarray  # index into PRECISIONS
+    work: np.ndarray  # FLOPs for GEMM_KINDS, output elements else
+    elements: np.ndarray  # output elements
+    bytes: np.ndarray
+    counted: np.ndarray  # 0 for a reshape (no dispatch beyond its own)
+
+
+def op_arrays(operators: Sequence[Operator]) -> OpArrays:
+    kinds = np.array([KIND_LIST.index(o.kind if o.kind in KINDS else "other")
+                      for o in operators], dtype=np.int64)
+    return OpArrays(
+        kind=kinds,
+        precision=np.array([PRECISIONS.index(o.precision) if o.precision in PRECISIONS
+                            else 0 for o in operators], dtype=np.int64),
+        work=np.array([float(o.flops) if o.kind in GEMM_KINDS else float(o.elements)
+                       for o in operators]),
+        elements=np.array([float(o.elements) if o.kind in GEMM_KINDS else 0.0
+                           for o in operators]),
+        bytes=np.array([0.0 if o.kind == "reshape" else float(o.bytes) for o in operators]),
+        counted=np.ones(len(operators)))
+
+
+@dataclass(frozen=True)
+class DeviceRow:
+    """What the arithmetic needs of one device at one thread count."""
+
+    ghz: float
+    flops_per_cycle: float
+    core_class: str
+    dotprod: bool
+    memory_gbs: float | None
+    threads: int
+    # the threads' cores: (raw speed against the first, core class), fastest first
+    cores: tuple[tuple[float, str], ...]
+
+
+def device_row(device: Device, threads: int | None = None) -> DeviceRow:
+    clusters = device.cpu_clusters
+    count = max(1, threads or device.default_threads)
+    first = clusters[0]
+    peak = first.ghz * first.fp32_flops_per_cycle
+    cores: list[tuple[float, str]] = []
+    for cluster in clusters:
+        for _ in range(cluster.count):
+            cores.append((cluster.ghz * cluster.fp32_flops_per_cycle / peak,
+                          cluster.core_class))
+    # more threads than cores: they share the cores, no faster than all cores
+    return DeviceRow(ghz=first.ghz, flops_per_cycle=first.fp32_flops_per_cycle,
+                     core_class=first.core_class, dotprod=first.dotprod,
+                     memory_gbs=device.memory_gbs, threads=count,
+                     cores=tuple(cores[:count]))
+
+
+def thread_speedup(row: DeviceRow, cal: Calibration) -> float:
+    if row.threads <= 1:
+        return 1.0
+    own = cal.class_factor.get(row.core_class, 1.0)
+    total = sum(speed * cal.class_factor.get(kind, 1.0) / own for speed, kind in row.cores)
+    return 1.0 + cal.parallel_efficiency * max(total - 1.0, 0.0)
+
+
+def seconds(ops: OpArrays, row: DeviceRow, runtime: str, cal: Calibration,
+            dispatch_s: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(each op's seconds, its compute seconds, its memory seconds) on `row`.
+    `dispatch_s`: the runtime's cost per op on this device where it was measured (a TF
+    session's, probed on this host and scaled); else the calibrated cycles."""
+    hz = row.ghz * 1e9
+    peak = hz * row.flops_per_cycle * cal.class_factor.get(row.core_class, 1.0)
+    efficiency = np.array([[cal.efficiency.get(p, {}).get(k, cal.efficiency["float32"]
+                                                          .get(k, 0.05))
+                            for k in KIND_LIST] for p in PRECISIONS])
+    factors = cal.runtime_factor.get(runtime, {})
+    runtime_speed = np.array([factors.get(p, 1.0) for p in PRECISIONS])
+    # int8 GEMMs: twice float's lanes, and SDOT's gain where the core has it; dynamic
+    # range runs its matmuls in int8 too (its activations quantized on the fly)
+    int8 = 2.0 * (cal.dotprod_gain if row.dotprod else 1.0)
+    int_gain = np.array([1.0, int8, 1.0, int8])
+    gemm = np.isin(ops.kind, [KIND_LIST.index(k) for k in GEMM_KINDS])
+    gain = np.where(gemm, int_gain[ops.precision], 1.0)
+    extra = np.array([cal.element_cost.get(k, 0.0) for k in KIND_LIST])[ops.kind]
+    work = ops.work + extra * ops.elements
+    # the threads' speedup, less for an op too small to split well
+    split = work / (work + cal.parallel_work) if cal.parallel_work > 0 else 1.0
+    speedup = 1.0 + (thread_speedup(row, cal) - 1.0) * split
+    rate = (peak * efficiency[ops.precision, ops.kind] * runtime_speed[ops.precision] * gain
+            * speedup)
+    compute = work / rate
+    if row.memory_gbs:
+        memory = ops.bytes / (row.memory_gbs * 1e9 * cal.bandwidth_efficiency)
+    else:
+        memory = np.zeros_like(compute)
+    per_op = (cal.dispatch_cycles / hz if dispatch_s is None else dispatch_s) + (
+        cal.sync_cycles / hz if row.threads > 1 else 0.0)
+    return np.maximum(compute, memory) + per_op * ops.counted, compute, memory
+
+
+# ------------------------------------------------------------------------- one estimate
+
+@dataclass(frozen=True)
+class PricedOp:
+    name: str
+    op: str
+    kind: str
+    precision: str
+    ms: float
+    share: float  # of the whole run
+    why: str
+
+
+@dataclass(frozen=True)
+class Pricing:
+    total_ms: float
+    ops: tuple[PricedOp, ...]  # every op, in run order
+    threads: int
+    runtime: str
+    speedup: float  # the threads' speedup on compute
+
+    def top(self, count: int = 5) -> list[PricedOp]:
+        return sorted(self.ops, key=lambda o: -o.ms)[:count]
+
+    def by_kind(self) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        for op in self.ops:
+            totals[op.kind] = totals.get(op.kind, 0.0) + op.ms
+        return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+
+def price(operators: Sequence[Operator], device: Device, runtime: str,
+          threads: int | None = None, dispatch_ms: float | None = None,
+          cal: Calibration | None = None) -> Pricing:
+    """Each operator's cost on `device` with `threads` (default: the device's), and why."""
+    cal = cal or calibration()
+    row = device_row(device, threads)
+    arrays = op_arrays(operators)
+    total, compute, memory = seconds(arrays, row, runtime, cal,
+                                     None if dispatch_ms is None else dispatch_ms / 1e3)
+    whole = float(total.sum()) or 1.0
+    priced = []
+    for index, op in enumerate(operators):
+        ms = float(total[index]) * 1e3
+        priced.append(PricedOp(name=short_name(op.name), op=op.op, kind=op.kind,
+                               precision=op.precision, ms=ms, share=ms / (whole * 1e3),
+                               why=_why(op, float(compute[index]), float(memory[index]))))
+    return Pricing(total_ms=whole * 1e3, ops=tuple(priced), threads=row.threads,
+                   runtime=runtime, speedup=thread_speedup(row, cal))
+
+
+def _why(op: Operator, compute_s: float, memory_s: float) -> str:
+    shape = f" ({op.detail})" if op.detail else ""
+    if memory_s > compute_s and memory_s > 0:
+        return (f"{KINDS.get(op.kind, op.kind)}{shape}: bound by memory, "
+                f"{op.bytes / 1e6:.3g} MB moved")
+    if op.kind in GEMM_KINDS and op.flops:
+        return f"{KINDS.get(op.kind, op.kind)}{shape}: {op.flops / 1e6:.3g} MFLOP"
+    if op.elements:
+        return f"{KINDS.get(op.kind, op.kind)}{shape}: {op.elements} elements"
+    return f"{KINDS.get(op.kind, op.kind)}{shape}: its dispatch"
+
+
+def short_name(name: str) -> str:
+    """A fused op's readable name: its first part's layer (`conv_pw_1_relu/Relu6` ->
+    `conv_pw_1_relu`), not TF's `a;b;c` join of every fused node."""
+    first = name.split(";")[0]
+    parts = [p for p in first.split("/") if p]
+    return parts[-2] if len(parts) >= 2 and len(parts[-1]) <= 12 else (parts[-1] if parts
+                                                                       else name)
