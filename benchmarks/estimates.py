@@ -2,8 +2,9 @@
 against published latencies of the same architectures, on the devices they were measured
 on, at the thread counts and precisions published.
 
-    .venv/bin/python benchmarks/estimates.py            # the table and its summaries
-    .venv/bin/python benchmarks/estimates.py --fit --write   # refit and commit the rates
+    .venv/bin/python benchmarks/estimates.py [--rows] [--work DIR]   # fit, the tables
+    .venv/bin/python benchmarks/estimates.py --write   # and commit the fitted rates
+    .venv/bin/python benchmarks/estimates.py --quick   # MobileNet v1 0.25 and 0.5 only
 
 Each published row's architecture is built (keras.applications, weights=None: weights do
 not change latency; testbed/published_architectures.py), converted to a .tflite of the
@@ -52,7 +53,10 @@ from orchestrator.spec.devices import Device, resolve_device  # noqa: E402
 
 PUBLISHED = ROOT.parent / "shared" / "data" / "published_latency.csv"
 HELD_OUT = ROOT / "benchmarks" / "data" / "heldout_latency.csv"
-WORK = Path(os.environ.get("ESTIMATES_WORK", "/tmp/orchestrator-estimates"))
+# the converted files and their operators, kept between runs (a full run builds 40 files,
+# about 5 minutes, once)
+WORK = ROOT / ".orchestrator" / "bench" / "estimates"
+QUICK = {"mobilenet_v1": (0.25, 0.5)}  # --quick: these widths only
 
 # The catalogue device each published device name is, and what the published board ran
 # at where it differs from the catalogue's figures (a Pi 4 rev 1.4 at 1.8 GHz)
@@ -138,18 +142,23 @@ def read_rows(path: Path) -> list[Row]:
     return rows
 
 
-def operators_of(row: Row) -> list[Operator] | None:
+_NOT_BUILT: set[str] = set()
+
+
+def operators_of(row: Row, work: Path) -> list[Operator] | None:
     """The row's architecture as a .tflite, op by op (cached as JSON beside the file)."""
     from testbed.published_architectures import NotBuilt, tflite_file
 
     key = f"{row.model}_{row.alpha or 1.0}_{row.size}_{row.precision}"
-    cached = WORK / f"{key}.ops.json"
+    cached = work / f"{key}.ops.json"
     if cached.exists():
         return [Operator.from_row(r) for r in json.loads(cached.read_text())]
     try:
-        path = tflite_file(row.model, row.alpha, row.size, row.precision, WORK)
+        path = tflite_file(row.model, row.alpha, row.size, row.precision, work)
     except NotBuilt as exc:
-        print(f"  not built: {row.model} ({exc})", file=sys.stderr)
+        if row.model not in _NOT_BUILT:
+            _NOT_BUILT.add(row.model)
+            print(f"  not built, its rows left out: {row.model} ({exc})", file=sys.stderr)
         return None
     from orchestrator.model.litert_model import operators
 
@@ -263,6 +272,19 @@ def fit(cases: list[Case], base: Calibration) -> Calibration:
     return calibration_of(np.exp(found.x), base)
 
 
+# the devices the catalogue had before the per-op model, as published rows name them
+# (a Pixel XL's Snapdragon 821 is phone-2016's 820 at a higher clock), and their figures
+PREVIOUS_CATALOGUE = {"raspberry-pi-4": 10e9, "raspberry-pi-3": 5e9, "pixel-xl": 20e9,
+                      "hikey-960": 14.5e9}
+
+
+def _previous_rule_ms(case: Case) -> float:
+    flops = float(case.ops.work[np.isin(case.ops.kind, [
+        cost_model.KIND_LIST.index(k) for k in cost_model.GEMM_KINDS])].sum())
+    factor = 0.52 if case.row.precision == "int8" else 1.0
+    return flops / PREVIOUS_CATALOGUE[case.row.device.partition("@")[0]] * factor * 1e3
+
+
 def summary(ratios: Sequence[float]) -> dict[str, Any]:
     factors = [max(r, 1 / r) for r in ratios]
     if not factors:
@@ -284,18 +306,27 @@ def _line(name: str, figures: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--fit", action="store_true", help="refit the rates")
     parser.add_argument("--write", action="store_true",
                         help="write the fit to orchestrator/measure/latency_calibration.json")
     parser.add_argument("--rows", action="store_true", help="print every row")
+    parser.add_argument("--work", type=Path, default=None,
+                        help=f"where the converted files are kept (default {WORK})")
+    parser.add_argument("--quick", action="store_true",
+                        help="MobileNet v1 at widths 0.25 and 0.5 only; nothing written")
     args = parser.parse_args(argv)
-    WORK.mkdir(parents=True, exist_ok=True)
+    work = args.work or (WORK.with_name("estimates-quick") if args.quick else WORK)
+    work.mkdir(parents=True, exist_ok=True)
     base = cost_model.calibration()
+    args.fit = True
+    if args.quick:
+        args.write = False
 
     def built(rows: list[Row]) -> list[Case]:
         out = []
         for row in rows:
-            ops = operators_of(row)
+            if args.quick and row.alpha not in QUICK.get(row.model, ()):
+                continue
+            ops = operators_of(row, work)
             if ops is not None:
                 out.append(case_of(row, cost_model.op_arrays(ops)))
         return out
@@ -346,6 +377,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("|---|---|---|---|---|---|")
         for group, values in by_source.items():
             print(_line(group, summary(values)))
+    # the rule this model replaced, on the rows of the devices its catalogue had: FLOPs /
+    # the device's all-core FLOP/s x its precision factor (0.52 for int8)
+    before = [_previous_rule_ms(c) / c.row.published_ms for c in every
+              if c.row.device.partition("@")[0] in PREVIOUS_CATALOGUE]
+    if before:
+        print("\n| the previous rule, on its catalogue's devices | n | median | within 1.25x"
+              " | within 2x | worst |")
+        print("|---|---|---|---|---|---|")
+        print(_line("FLOPs / device FLOP/s x precision factor", summary(before)))
+        print(_line("per-op model, same rows, each device left out", summary(
+            [device_ratio[i] for i, c in enumerate(every)
+             if i in device_ratio and c.row.device.partition("@")[0] in PREVIOUS_CATALOGUE])))
     held_ratios = [x for v in by_source.values() for x in v]
     scored = every
     if by_device:
@@ -367,6 +410,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"| {label} | {row.model} | {row.variant} | {row.size} | "
                       f"{row.published_device} | {row.threads or 'n/s'} | {row.runtime} | "
                       f"{row.published_ms:g} | {est:.3g} | {est / row.published_ms:.2f} |")
+    # what a cached estimate costs: a model's operators (read from the stored rows) priced
+    # on a device, the largest model here, its slowest of 5
+    import time
+
+    from orchestrator.measure.cost_model import price
+
+    largest = max(calib + held, key=lambda c: len(c.ops.kind))
+    stored = operators_of(largest.row, work) or []
+    seconds_taken = []
+    for _ in range(5):
+        start = time.perf_counter()
+        price(stored, device_of(largest.row.device), largest.row.runtime)
+        seconds_taken.append(time.perf_counter() - start)
+    print(f"\npricing {largest.row.model} ({len(stored)} ops) on {largest.row.device}: "
+          f"{max(seconds_taken) * 1e3:.1f} ms (slowest of 5)")
     if args.write:
         classes: dict[str, list[float]] = {}
         for index, case in enumerate(scored):

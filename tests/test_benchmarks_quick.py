@@ -44,6 +44,7 @@ CASES: dict[str, tuple[list[str], str]] = {
     "litert_quantizer.py": (["--work", "{tmp}"], "| aeq_guard |"),
     "benchmark_overhead.py": ([], "overhead: stage / bare at most"),
     "executors.py": ([], "per-task overhead"),
+    "estimates.py": (["--work", "{tmp}"], "leave-one-device-out"),
 }
 # scripts another benchmark runs (with --quick when it runs quick): not run alone
 HELPERS = {"onet_data.py": "onet.py builds its model and crops with it"}
@@ -56,7 +57,7 @@ RUN_BY_TESTS = {"mini_xception.py": "tests/e2e/test_mini_xception.py (its accept
 JOBS = 2
 SECONDS = {"cached_rerun.py": 60, "executors.py": 35, "equalize.py": 31, "onet.py": 29,
            "litert_side_by_side.py": 25, "litert_quantizer.py": 20, "log_ranges.py": 20,
-           "benchmark_overhead.py": 15,
+           "benchmark_overhead.py": 15, "estimates.py": 15,
            "int8_size.py": 13, "make_mobilenet.py": 13}
 ORDER = sorted(set(CASES) - set(SECONDS)) + sorted(SECONDS, key=lambda script: -SECONDS[script])
 

@@ -69,6 +69,7 @@ class Estimate:
     top_ops: list[dict[str, Any]] = field(default_factory=list)
     by_kind_ms: dict[str, float] = field(default_factory=dict)
     expected_error: dict[str, Any] | None = None
+    board_factor: float | None = None  # scaled by the target's board (report.board_factors)
 
     def to_json(self) -> dict[str, Any]:
         """report.json's `estimate` (est_latency_ms stays the target's own key)."""

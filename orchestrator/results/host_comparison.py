@@ -19,8 +19,8 @@ def below_host(variant: Mapping[str, Any], target: str, short: bool = False) -> 
     p50 = ((variant.get("latency_ms") or {}).get("p50") or made.get("host_p50_ms"))
     if not isinstance(est, int | float) or not isinstance(p50, int | float) or est >= p50:
         return None
-    if made.get("ceiling_applied"):
-        int8_tf = variant.get("precision") == "int8" and made.get("runtime") == "tensorflow"
+    int8_tf = variant.get("precision") == "int8" and made.get("runtime") == "tensorflow"
+    if made.get("ceiling_applied") or int8_tf:
         if short:
             return ("below host: x86's 8-bit kernels are slow" if int8_tf
                     else "below host: host kernel time left out")
@@ -29,6 +29,10 @@ def below_host(variant: Mapping[str, Any], target: str, short: bool = False) -> 
                         "to another CPU")
         return (f"below this host's p50: this host spends most of it in {kernels}; the "
                 "estimate counts the device's own compute instead")
+    if made.get("top_ops"):  # a per-op estimate: the host's runs do not enter it
+        return "below host: the device's kernels are faster" if short else (
+            "below this host's p50: the device's cores, priced op by op, run this file "
+            "faster than this host did")
     fastest = made.get("host_fastest_ms")
     if isinstance(fastest, int | float) and timings_spread(p50, fastest):
         return "below host: its runs were slowed" if short else (

@@ -6,8 +6,10 @@ that measured it); estimates are labelled as such (`est_latency_ms`).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +99,11 @@ def _samples(info: Mapping[str, Any]) -> int | None:
 
 
 def build_variant(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, NodeOutcome],
-                  devices: Mapping[str, Any]) -> dict[str, Any]:
+                  devices: Mapping[str, Any], board_factors: Mapping[str, float] | None = None
+                  ) -> dict[str, Any]:
+    """One variant of report.json. `board_factors`: per target with a real board, its
+    measured latency over the estimate for the variants it measured (geometric mean): the
+    estimates of the variants it did not measure are scaled by it."""
     from orchestrator.measure.estimates import estimate
     from orchestrator.spec.devices import precision_of
 
@@ -152,17 +158,46 @@ def build_variant(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, N
         # FLOPs at the device's speed + the runtime's cost measured on this host (estimates)
         made = estimate(variant["flops"], device, variant["precision"],
                         info.get("estimate_basis"))
-        est = None if made is None else round(made.latency_ms, 4)
         measured = on_device.get(target.name)
+        factor = (board_factors or {}).get(target.name)
+        if made is not None and factor and not _board_measured(measured):
+            made = replace(made, latency_ms=made.latency_ms * factor,
+                           board_factor=round(factor, 4),
+                           method=f"{made.method}; scaled ×{factor:.3g}: {target.name}'s "
+                                  f"board measured the variants it ran {factor:.3g}× their "
+                                  "estimates")
+        est = None if made is None else round(made.latency_ms, 4)
         judged, figures = judged_on_device(variant, target.name, est, measured)
         violations = check_budgets(judged, target.budgets, figures["latency_ms"], device,
                                    figures["latency_basis"], measured)
+        error = ({"estimate_error": round(est / measured["latency_ms"]["p50"], 4)}
+                 if est and _board_measured(measured) and measured["latency_ms"].get("p50")
+                 else {})
         targets[target.name] = {"device": device.name, "est_latency_ms": est,
-                                **({"estimate": made.to_json()} if made else {}),
+                                **({"estimate": made.to_json()} if made else {}), **error,
                                 **figures, **({"measured": measured} if measured else {}),
                                 "budgets_ok": not violations, "violations": violations}
     variant["targets"] = targets
     return variant
+
+
+def _board_measured(measured: Mapping[str, Any] | None) -> bool:
+    """A real board (not an emulated one) timed the file."""
+    return bool(measured and measured.get("measured") and not measured.get("emulated")
+                and (measured.get("latency_ms") or {}).get("p50"))
+
+
+def board_factors(built: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+    """Per target, its real board's measured p50 over the estimate, as a geometric mean
+    over the variants the board ran (report.json `estimate_error` is estimate / measured)."""
+    ratios: dict[str, list[float]] = {}
+    for variant in built.values():
+        for target, result in variant["targets"].items():
+            error = result.get("estimate_error")
+            if isinstance(error, int | float) and error > 0:
+                ratios.setdefault(target, []).append(1.0 / float(error))
+    return {target: math.exp(sum(math.log(r) for r in values) / len(values))
+            for target, values in ratios.items()}
 
 
 def judged_on_device(variant: dict[str, Any], target: str, est: float | None,
@@ -197,6 +232,10 @@ def build_report(plan: Plan, data: RunData, outcomes: Mapping[str, NodeOutcome],
     """report.json's content: each variant (with its guard's trials, decisions and verdict
     where the guard ran), which budgets broke, the selection per target and its reasons."""
     built = {name: build_variant(name, plan, data, outcomes, devices) for name in variants}
+    factors = board_factors(built)
+    if factors:  # a board calibrates its device's estimates for the variants it did not run
+        built = {name: build_variant(name, plan, data, outcomes, devices, factors)
+                 for name in variants}
     for name, result in (guarded or {}).items():
         if name in built:
             with_guard(built[name], result)

@@ -65,22 +65,64 @@ def test_each_file_is_calibrated_on_its_own_runtime(benchmarked: dict[str, dict]
         assert info["estimate_basis"]["host_cv"] == info["latency_ms"]["cv"]
 
 
-def test_each_overhead_is_the_file_excess_kept_within_the_runtime_probe(
-        benchmarked: dict[str, dict]) -> None:
+def test_each_overhead_is_its_runtime_cost_on_the_device(benchmarked: dict[str, dict]
+                                                        ) -> None:
+    # a TF session's cost per run and per node is probed on this host and scaled to the
+    # device's core; LiteRT's dispatch is the calibrated one (no per-run cost)
     for kind, info in benchmarked.items():
         basis = info["estimate_basis"]
-        floor = basis["fixed_ms"]
-        ceiling = floor + basis["ops"] * basis["per_op_ms"]
-        excess = (basis["host_min_ms"]
-                  - info["flops"] / basis["host_flops_per_second"] * 1000.0)
+        assert len(basis["operators"]) == basis["ops"]  # one priced row per op a run runs
         for target in DEVICES:
             made = info["estimate"][target]
-            host_overhead = made["overhead_ms"] / made["device_slowdown"]
-            assert floor * 0.999 <= host_overhead <= ceiling * 1.001, (kind, target, made)
-            assert made["ceiling_applied"] == (excess > ceiling), (kind, target, made)
-            if floor < excess < ceiling:  # the file's own measurement decides
-                assert host_overhead == pytest.approx(excess, rel=1e-3)
-            assert made["method"].count("probed on this host") == 1
+            slowdown = made["device_slowdown"]
+            assert made["ceiling_applied"] is False and made["ops"] == basis["ops"]
+            if kind == "pb":
+                assert made["fixed_ms"] == pytest.approx(basis["fixed_ms"] * slowdown, rel=1e-3)
+                assert made["per_op_ms"] == pytest.approx(basis["per_op_ms"] * slowdown,
+                                                          rel=1e-3)
+                assert made["method"].count("probed on this host") == 1
+            else:
+                assert made["fixed_ms"] == 0 and made["per_op_ms"] > 0
+                assert "calibrated dispatch" in made["method"]
+                assert "probed on this host" not in made["method"]
+            assert made["overhead_ms"] == pytest.approx(
+                made["ops"] * made["per_op_ms"] + made["fixed_ms"], rel=1e-4)
+            # the parts add up: kernels + overhead, and every op's cost by kind + per run
+            assert made["compute_ms"] + made["overhead_ms"] == pytest.approx(
+                info["est_latency_ms"][target], rel=1e-3)
+            assert sum(made["by_kind_ms"].values()) + made["fixed_ms"] == pytest.approx(
+                info["est_latency_ms"][target], rel=1e-3)
+
+
+def test_the_files_own_host_timings_do_not_enter_the_estimate(
+        benchmarked: dict[str, dict]) -> None:
+    from orchestrator.measure.estimates import estimate
+
+    for info in benchmarked.values():
+        basis = info["estimate_basis"]
+        slowed = {**basis, "host_p50_ms": basis["host_p50_ms"] * 10,
+                  "host_min_ms": basis["host_min_ms"] * 5, "host_cv": 0.9}
+        for target, device in DEVICES.items():
+            again = estimate(info["flops"], device, info["precision"], slowed)
+            assert again is not None
+            assert round(again.latency_ms, 4) == info["est_latency_ms"][target]
+            assert again.host_p50_ms == basis["host_p50_ms"] * 10  # kept beside it
+
+
+@pytest.mark.xfail(strict=True, reason="cost_model.op_arrays prices a `reshape` op's output "
+                   "elements as work (a Const's weights cost 1.3 ms on the pi): reported")
+def test_a_graph_node_that_moves_no_data_costs_only_its_dispatch(
+        benchmarked: dict[str, dict]) -> None:
+    # Const, Placeholder, Identity, Reshape: the session's executor dispatches each, and a
+    # Const's weights are not work (graph_operators classes them `reshape`)
+    info = benchmarked["pb"]
+    rows = info["estimate_basis"]["operators"]
+    count = sum(1 for row in rows if row[2] == "reshape")
+    assert count >= 10  # this graph's weights, its input, its flatten and its output
+    for target in DEVICES:
+        made = info["estimate"][target]
+        assert made["by_kind_ms"]["reshape"] == pytest.approx(count * made["per_op_ms"],
+                                                              rel=1e-3), target
 
 
 def test_estimates_order_as_the_runtimes_cost_the_same_flops(
@@ -88,28 +130,37 @@ def test_estimates_order_as_the_runtimes_cost_the_same_flops(
     pb, lite = benchmarked["pb"], benchmarked["tflite"]
     assert pb["flops"] == lite["flops"] > 0  # FLOPs alone would estimate them the same
     for target in DEVICES:
-        assert pb["estimate"][target]["compute_ms"] == lite["estimate"][target]["compute_ms"]
-        # same compute, same scaling: the session's cost per run is over LiteRT's whole
-        # band (its per-run and per-operator costs), so the graph is estimated slower
-        lite_basis = lite["estimate_basis"]
-        if pb["estimate_basis"]["fixed_ms"] > (lite_basis["fixed_ms"] + lite_basis["ops"]
-                                               * lite_basis["per_op_ms"]):
-            assert pb["est_latency_ms"][target] > lite["est_latency_ms"][target], target
+        made_pb, made_lite = pb["estimate"][target], lite["estimate"][target]
+        assert (made_pb["priced_as"], made_lite["priced_as"]) == ("tensorflow",
+                                                                  "litert-xnnpack")
+        # the same convolutions (compute-bound; the 1 MB dense layer is bound by memory
+        # on every device, at the same bytes): a TF session's kernels are slower than
+        # XNNPACK's, and it adds its cost per run and per node, so the graph is slower
+        assert made_pb["by_kind_ms"]["conv"] > made_lite["by_kind_ms"]["conv"], target
+        assert pb["est_latency_ms"][target] > lite["est_latency_ms"][target], target
 
 
-def test_a_device_slower_than_this_host_is_never_estimated_below_it(
-        benchmarked: dict[str, dict]) -> None:
-    # a Cortex-A53 at 1.2 GHz (9.6 GFLOP/s on one core) is slower than any host this suite
-    # runs on, at 5 GFLOP/s in all slower than the host's own measured rate too: it is
-    # estimated above this host's own compute + capped overhead
+def test_a_device_is_estimated_by_its_cores(benchmarked: dict[str, dict]) -> None:
+    # a Cortex-A53 at 1.2 GHz is slower per core than any host this suite runs on, and
+    # than the phone's Kryo, which is slower than the server's x86: the same file, the same
+    # runtime, estimated in that order; each for its big cores' threads
+    from orchestrator.measure.estimates import estimate
+
     for info in benchmarked.values():
-        made = info["estimate"]["pi"]
-        basis = info["estimate_basis"]
-        assert made["device_slowdown"] > 1
-        assert basis["host_flops_per_second"] > DEVICES["pi"].flops_per_second
-        host_compute = info["flops"] / basis["host_flops_per_second"] * 1000.0
-        host_overhead = made["overhead_ms"] / made["device_slowdown"]
-        assert info["est_latency_ms"]["pi"] >= host_compute + host_overhead
-        assert made["host_p50_ms"] == info["latency_ms"]["p50"]
-        assert made["host_fastest_ms"] == info["latency_ms"]["min"]
-        assert "on this host" in made["method"]
+        est = info["est_latency_ms"]
+        made = info["estimate"]
+        assert made["pi"]["device_slowdown"] > made["phone"]["device_slowdown"] > 1
+        assert est["pi"] > est["phone"] > est["server"]
+        for target, device in DEVICES.items():
+            assert made[target]["threads"] == device.big_cores
+            assert made[target]["threads_from"] == "big cores"
+            assert made[target]["host_p50_ms"] == info["latency_ms"]["p50"]
+            assert made[target]["host_fastest_ms"] == info["latency_ms"]["min"]
+            assert 0 < len(made[target]["top_ops"]) <= 5
+            assert made[target]["expected_error"]["p80_factor"] > 1
+        # one thread on the pi: no speedup on compute, so slower than its 4 cores
+        one = estimate(info["flops"], DEVICES["pi"].model_copy(update={"threads": 1}),
+                       info["precision"], info["estimate_basis"])
+        assert one is not None and one.threads == 1 and one.thread_speedup == 1
+        assert one.threads_from == "target"
+        assert one.latency_ms > est["pi"]
