@@ -13,6 +13,11 @@ decrypted in memory with the key from an environment variable or a key file). Th
 `shape`, a `.tflite` input's shape signature, inside the package or the encryption for
 `.mmap`/`.enc`), so the timed runs, the FLOP count and the fresh-process memory probe all
 see the same shape. A shape the model cannot take is exit 2, before anything runs.
+
+`--device NAME[:THREADS]` (repeatable) adds the estimate a recipe's target gets for the
+file on that device preset (`orchestrator devices` lists them): its operators priced one by
+one on the device's cores, for its big cores' threads or THREADS, its costliest ops and the
+estimate's expected error (orchestrator.measure.estimates).
 """
 
 from __future__ import annotations
@@ -96,6 +101,33 @@ def _dim(text: str, value: str) -> int:
     return dim
 
 
+def parse_devices(values: Sequence[str]) -> dict[str, Any]:
+    """`--device NAME[:THREADS]` per value -> {the value: its Device}, THREADS set as a
+    recipe target's `threads:` sets it (at most the device's cores)."""
+    from orchestrator.spec.devices import resolve_device
+
+    devices: dict[str, Any] = {}
+    for value in values:
+        name, _, count = value.partition(":")
+        try:
+            device = resolve_device(name.strip())
+        except ValueError as exc:
+            raise UsageError(f"--device {value!r}: {exc}") from None
+        if count:
+            if not count.strip().isdigit() or int(count) < 1:
+                raise UsageError(f"--device {value!r}: threads {count!r} is not a whole "
+                                 "number of at least 1 (NAME:THREADS, e.g. pixel-4:1)")
+            if int(count) > device.cores:
+                raise UsageError(f"--device {value!r}: {int(count)} threads is more than "
+                                 f"the {device.cores} cores of {device.name}: threads beyond "
+                                 "its cores only share them")
+            device = device.model_copy(update={"threads": int(count)})
+        if value in devices:
+            raise UsageError(f"--device {value!r} is given twice")
+        devices[value] = device
+    return devices
+
+
 def _counts(args: argparse.Namespace) -> dict[str, Any]:
     """The benchmark stage's params from the options (argparse's `bounded_flag` has
     checked each count against its bound, named by its option)."""
@@ -111,9 +143,10 @@ def _counts(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_benchmark(artifact: ModelArtifact, params: Any, key: ModelKey | None,
-                  path: Path) -> StageResult:
-    """The benchmark stage on `artifact`. A model that TensorFlow cannot run is exit 2 (the
-    file is at fault); any other failure of the stage is exit 3, as in a recipe."""
+                  path: Path, devices: Mapping[str, Any] | None = None) -> StageResult:
+    """The benchmark stage on `artifact`, estimating it on `devices` as a recipe's targets.
+    A model that TensorFlow cannot run is exit 2 (the file is at fault); any other failure
+    of the stage is exit 3, as in a recipe."""
     from orchestrator.errors import DataError
     from orchestrator.stages import get_stage
     from orchestrator.stages.base import StageContext
@@ -125,7 +158,8 @@ def run_benchmark(artifact: ModelArtifact, params: Any, key: ModelKey | None,
             raise KeyMaterialError("the model is encrypted and no key was given")
         return key
 
-    ctx = StageContext(pipeline="cli", stage="benchmark", model_key=lookup)
+    ctx = StageContext(pipeline="cli", stage="benchmark", model_key=lookup,
+                       devices=dict(devices or {}))
     try:
         return get_stage("benchmark").run(artifact, params, ctx)
     except (DataError, ModelSourceError) as exc:
@@ -288,8 +322,37 @@ def format_report(opened: OpenedModel, artifact: ModelArtifact, params: Any,
     elif artifact.kind == "tflite" or (opened.inner is not None
                                        and opened.inner.kind == "tflite"):
         lines.append("  Peak memory: not estimated for a .tflite (no traced run)")
+    lines += estimate_lines(info)
     lines += ["", f"Sizes in {SIZE_UNIT_NOTE}; timings in ms, or µs below 1 ms."]
     return "\n".join(lines)
+
+
+def estimate_lines(info: Mapping[str, Any]) -> list[str]:
+    """Per --device: its estimate in one line (threads, time by kind of op, the runtime's
+    overhead, the expected error), the costliest ops, and the error's basis; without
+    --device, how to ask for one."""
+    made = info.get("estimate") or {}
+    if not made:
+        return ["  Latency on a device: give --device NAME[:THREADS] (`orchestrator "
+                "devices` lists them)"]
+    lines = []
+    for target, estimate in made.items():
+        lines.append(f"  Latency on {target}: {estimate['summary']}")
+        if estimate.get("threads"):
+            lines.append(f"    threads: {estimate['threads']} ("
+                         + ("--device NAME:THREADS" if estimate.get("threads_from") == "target"
+                            else "the device's big cores; --device NAME:THREADS sets them")
+                         + ")")
+        top = estimate.get("top_ops") or []
+        whole = (info.get("est_latency_ms") or {}).get(target)
+        if top and whole:  # shares of the whole estimate (a TF session's per-run cost too)
+            lines.append("    costliest ops: " + ", ".join(
+                f"{op['name']} ({op['op']}) {format_ms(op['ms'])} {op['ms'] / whole:.0%}"
+                for op in top))
+        error = estimate.get("expected_error")
+        if error:
+            lines.append(f"    expected error: {error['text']}")
+    return lines
 
 
 # --------------------------------------------------------------------------- the command
@@ -306,6 +369,10 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
         params = stage.params(**values)
     except ValueError as exc:  # pydantic's ValidationError; _counts checks first
         raise UsageError(f"bad benchmark option: {exc}") from None
+    devices = parse_devices(args.device)
+    if devices and args.on:
+        raise UsageError("--device estimates the file from its run on this host; --on "
+                         "measures it on a board instead: give one of them")
     path = Path(args.model)
     if stage.prepare is not None and path.exists() and not args.on:
         stage.prepare(params)  # the memory probe's TensorFlow import overlaps ours
@@ -313,7 +380,7 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     artifact = with_input_shapes(opened, resolve_shapes(opened, given))
     if args.on:
         return benchmark_on_board(args, opened, artifact, values)
-    result = run_benchmark(artifact, params, opened.key, path)
+    result = run_benchmark(artifact, params, opened.key, path, devices)
     for warning in [*result.warnings, *spread_warnings(result.info)]:
         print(f"warning: {warning}", file=sys.stderr)
     unknown = [s for s in artifact.inputs if s.shape is None or None in s.shape[1:]]
@@ -437,6 +504,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--profile-runs", type=bounded_flag("profile_runs"), default=None,
                        metavar="N",
                        help="traced runs for the per-node profile, 0 for none (default 20)")
+    bench.add_argument("--device", action="append", default=[], metavar="NAME[:THREADS]",
+                       help="also estimate the file's latency on this device preset "
+                       "(`orchestrator devices` lists them), for its big cores or THREADS "
+                       "threads, as a recipe's target is estimated (repeatable)")
     bench.add_argument("--key-env", default=None, metavar="VAR",
                        help="environment variable holding the key of an encrypted model "
                        "(default ORCHESTRATOR_MODEL_KEY)")

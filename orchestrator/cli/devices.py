@@ -9,6 +9,7 @@ of core; with a NAME, the sources of each figure.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 from typing import Any
 
@@ -42,8 +43,12 @@ def cmd_devices(args: argparse.Namespace) -> int:
     if args.name:
         try:
             chosen = [resolve_device(args.name)]
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
+        except ValueError:
+            # resolve_device's message offers an inline spec: no use to this command
+            close = difflib.get_close_matches(args.name, list(PRESETS), n=1)
+            hint = f' (did you mean "{close[0]}"?)' if close else ""
+            raise UsageError(f"unknown device {args.name!r}{hint}; the catalogue's devices: "
+                             f"{', '.join(sorted(PRESETS))}") from None
     else:
         chosen = list(PRESETS.values())
     facts = [_facts(d) for d in chosen]

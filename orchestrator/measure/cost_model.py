@@ -104,8 +104,9 @@ def op_arrays(operators: Sequence[Operator]) -> OpArrays:
         kind=kinds,
         precision=np.array([PRECISIONS.index(o.precision) if o.precision in PRECISIONS
                             else 0 for o in operators], dtype=np.int64),
-        work=np.array([float(o.flops) if o.kind in GEMM_KINDS else float(o.elements)
-                       for o in operators]),
+        # a reshape moves nothing (a Const is read in place): only its dispatch
+        work=np.array([float(o.flops) if o.kind in GEMM_KINDS else
+                       0.0 if o.kind == "reshape" else float(o.elements) for o in operators]),
         elements=np.array([float(o.elements) if o.kind in GEMM_KINDS else 0.0
                            for o in operators]),
         bytes=np.array([0.0 if o.kind == "reshape" else float(o.bytes) for o in operators]),

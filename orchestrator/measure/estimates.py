@@ -170,7 +170,6 @@ def _priced(operators: list[Operator], device: Device, measured: Mapping[str, An
     overhead = per_op_ms * ops + fixed_ms
     compute = max(total - overhead, 0.0)
     threads_from = "target" if device.threads else "big cores"
-    cpu = device.cpu or device.name or "this device"
     error = expected_error(device)
     top = [{"name": o.name, "op": o.op, "kind": o.kind, "precision": o.precision,
             "ms": o.ms, "share": o.share, "why": o.why} for o in pricing.top(TOP_OPS)]
@@ -181,11 +180,12 @@ def _priced(operators: list[Operator], device: Device, measured: Mapping[str, An
                        else "the device's big cores; a target's `threads:` sets it")
                     + (f", ×{pricing.speedup:.2f} on compute" if pricing.threads > 1 else "")
                     + ")")
-    where = f"{cpu}" + (f" ({device.soc})" if device.soc else "")
+    core = device.cpu_clusters[0].core
+    where = f"{core} cores" + (f" of a {device.soc}" if device.soc else "")
     overhead_text = (f"{format_ms(overhead)} {RUNTIME_NAMES.get(runtime, runtime)} overhead "
                      + (f"({ops} {RUNTIME_OPS.get(runtime, 'ops')} × "
                         f"{format_ms(per_op_host or 0.0)} probed on this host ×{slowdown:.3g} "
-                        f"for a {cpu} core, + {format_ms(fixed_ms)} per run)" if probed
+                        f"for a {core}, + {format_ms(fixed_ms)} per run)" if probed
                         else f"({ops} ops × {format_ms(per_op_ms)} calibrated dispatch)"))
     method = (f"{format_ms(total)} on {where} with {RUNTIMES[priced_as]}, {threads_text}: "
               f"{format_ms(compute)} in kernels by kind ({kinds_text}) + {overhead_text}. "
@@ -198,8 +198,8 @@ def _priced(operators: list[Operator], device: Device, measured: Mapping[str, An
         spread = timings_spread(p50, fastest)
         if spread is not None and probed:
             method += f"; {spread}: the probe of the runtime's cost may read high"
-    summary = (f"{format_ms(total)} on {pricing.threads} thread"
-               f"{'s' if pricing.threads > 1 else ''} of a {cpu} ({kinds_text}; "
+    summary = (f"{format_ms(total)} on {pricing.threads} {core} thread"
+               f"{'s' if pricing.threads > 1 else ''} ({kinds_text}; "
                f"{format_ms(overhead)} overhead)"
                + (f", expected error ±{round((error['p80_factor'] - 1) * 100)} %"
                   if error else ""))

@@ -109,8 +109,6 @@ def test_the_files_own_host_timings_do_not_enter_the_estimate(
             assert again.host_p50_ms == basis["host_p50_ms"] * 10  # kept beside it
 
 
-@pytest.mark.xfail(strict=True, reason="cost_model.op_arrays prices a `reshape` op's output "
-                   "elements as work (a Const's weights cost 1.3 ms on the pi): reported")
 def test_a_graph_node_that_moves_no_data_costs_only_its_dispatch(
         benchmarked: dict[str, dict]) -> None:
     # Const, Placeholder, Identity, Reshape: the session's executor dispatches each, and a
