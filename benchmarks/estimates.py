@@ -188,13 +188,18 @@ FITTED = [("float32.conv_1x1", 0.5, 1.0), ("float32.conv", 0.4, 1.0),
           # XNNPACK over the builtin kernels: 2.3x on float, 1.3x on int8, "on average"
           # (TensorFlow blog, July 2020 and September 2021): the prior, where no XNNPACK
           # row is in the fit
-          ("xnnpack.float32", 2.3, 0.3), ("xnnpack.int8", 1.3, 0.3)]
+          ("xnnpack.float32", 2.3, 0.3), ("xnnpack.int8", 1.3, 0.3),
+          ("int8_gain", 2.0, 0.3)]
+# per core design, where a device with that core has scored rows: prior 1 (its class's)
+CORE_PRIOR_SPREAD = 0.3
 SHARED_WITH_ELEMENTWISE = ("softmax", "resize", "data", "reshape", "other")
 SOFTMAX_SHARE = 0.1  # a softmax's exp costs ~10 elementwise ops per element
 
 
-def calibration_of(values: Sequence[float], base: Calibration) -> Calibration:
-    named = dict(zip([n for n, _, _ in FITTED], values, strict=True))
+def calibration_of(values: Sequence[float], base: Calibration,
+                   designs: Sequence[str] = ()) -> Calibration:
+    names = [n for n, _, _ in FITTED] + [f"core.{d}" for d in designs]
+    named = dict(zip(names, values, strict=True))
     efficiency = {p: dict(k) for p, k in base.efficiency.items()}
     for precision in ("float32", "int8"):
         for kind in ("conv_1x1", "conv", "depthwise", "fully_connected", "pool",
@@ -220,7 +225,8 @@ def calibration_of(values: Sequence[float], base: Calibration) -> Calibration:
                    dispatch_cycles=named["dispatch_cycles"],
                    sync_cycles=named["sync_cycles"],
                    bandwidth_efficiency=named["bandwidth_efficiency"],
-                   dotprod_gain=named["dotprod_gain"],
+                   dotprod_gain=named["dotprod_gain"], int8_gain=named["int8_gain"],
+                   core_factor={d: named[f"core.{d}"] for d in designs},
                    element_cost={kind: named[f"element.{kind}"] for kind in (
                        "conv_1x1", "conv", "depthwise", "fully_connected")},
                    parallel_work=named["parallel_work"],
@@ -260,16 +266,19 @@ def estimate_ms(case: Case, cal: Calibration) -> float:
 def fit(cases: list[Case], base: Calibration) -> Calibration:
     from scipy.optimize import least_squares
 
-    priors = np.log([p for _, p, _ in FITTED])
-    spreads = np.array([s for _, _, s in FITTED])
+    # a factor per core design that rows in this fit ran on (the others keep their class's)
+    designs = sorted({c.device.core for c in cases})
+    priors = np.log([p for _, p, _ in FITTED] + [1.0] * len(designs))
+    spreads = np.array([s for _, _, s in FITTED] + [CORE_PRIOR_SPREAD] * len(designs))
+
     # the prior weighs as one row per parameter: the data decide where they speak
     def residuals(theta: np.ndarray) -> np.ndarray:
-        cal = calibration_of(np.exp(theta), base)
+        cal = calibration_of(np.exp(theta), base, designs)
         errors = [math.log(estimate_ms(c, cal) / c.row.published_ms) for c in cases]
         return np.concatenate([errors, (theta - priors) / spreads * 0.3])
 
     found = least_squares(residuals, priors, method="trf", x_scale=1.0, max_nfev=400)
-    return calibration_of(np.exp(found.x), base)
+    return calibration_of(np.exp(found.x), base, designs)
 
 
 # the devices the catalogue had before the per-op model, as published rows name them

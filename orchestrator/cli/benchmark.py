@@ -333,8 +333,10 @@ def estimate_lines(info: Mapping[str, Any]) -> list[str]:
     --device, how to ask for one."""
     made = info.get("estimate") or {}
     if not made:
-        return ["  Latency on a device: give --device NAME[:THREADS] (`orchestrator "
-                "devices` lists them)"]
+        return ["  Latency on a device: " + (
+            "not estimated: the FLOPs were not counted (see the warning)"
+            if info.get("flops") is None else "give --device NAME[:THREADS] (`orchestrator "
+            "devices` lists them)")]
     lines = []
     for target, estimate in made.items():
         lines.append(f"  Latency on {target}: {estimate['summary']}")

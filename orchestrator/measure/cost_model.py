@@ -68,6 +68,10 @@ class Calibration:
     element_cost: dict[str, float] = field(default_factory=dict)
     # an op of this much work gets half the threads' speedup: small ops barely split
     parallel_work: float = 1e6
+    # per core design (Cortex-A73, Kryo...), its sustained speed against its class's, where
+    # published rows on a device with that core taught it; 1.0 elsewhere
+    core_factor: dict[str, float] = field(default_factory=dict)
+    int8_gain: float = 2.0  # int8 GEMMs' speed over float's without SDOT (twice the lanes)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Calibration:
@@ -120,11 +124,12 @@ class DeviceRow:
     ghz: float
     flops_per_cycle: float
     core_class: str
+    core: str  # the first core's design (Cluster.microarchitecture)
     dotprod: bool
     memory_gbs: float | None
     threads: int
-    # the threads' cores: (raw speed against the first, core class), fastest first
-    cores: tuple[tuple[float, str], ...]
+    # the threads' cores: (raw speed against the first, core class, design), fastest first
+    cores: tuple[tuple[float, str, str], ...]
 
 
 def device_row(device: Device, threads: int | None = None) -> DeviceRow:
@@ -132,23 +137,31 @@ def device_row(device: Device, threads: int | None = None) -> DeviceRow:
     count = max(1, threads or device.default_threads)
     first = clusters[0]
     peak = first.ghz * first.fp32_flops_per_cycle
-    cores: list[tuple[float, str]] = []
+    cores: list[tuple[float, str, str]] = []
     for cluster in clusters:
         for _ in range(cluster.count):
             cores.append((cluster.ghz * cluster.fp32_flops_per_cycle / peak,
-                          cluster.core_class))
+                          cluster.core_class, cluster.microarchitecture))
     # more threads than cores: they share the cores, no faster than all cores
     return DeviceRow(ghz=first.ghz, flops_per_cycle=first.fp32_flops_per_cycle,
-                     core_class=first.core_class, dotprod=first.dotprod,
+                     core_class=first.core_class, core=first.microarchitecture,
+                     dotprod=first.dotprod,
                      memory_gbs=device.memory_gbs, threads=count,
                      cores=tuple(cores[:count]))
+
+
+def core_speed(cal: Calibration, core_class: str, design: str) -> float:
+    """A core's sustained speed against its peak's, as fitted: its class's, times its
+    design's where published rows taught one."""
+    return cal.class_factor.get(core_class, 1.0) * cal.core_factor.get(design, 1.0)
 
 
 def thread_speedup(row: DeviceRow, cal: Calibration) -> float:
     if row.threads <= 1:
         return 1.0
-    own = cal.class_factor.get(row.core_class, 1.0)
-    total = sum(speed * cal.class_factor.get(kind, 1.0) / own for speed, kind in row.cores)
+    own = core_speed(cal, row.core_class, row.core)
+    total = sum(speed * core_speed(cal, kind, design) / own
+                for speed, kind, design in row.cores)
     return 1.0 + cal.parallel_efficiency * max(total - 1.0, 0.0)
 
 
@@ -158,7 +171,7 @@ def seconds(ops: OpArrays, row: DeviceRow, runtime: str, cal: Calibration,
     `dispatch_s`: the runtime's cost per op on this device where it was measured (a TF
     session's, probed on this host and scaled); else the calibrated cycles."""
     hz = row.ghz * 1e9
-    peak = hz * row.flops_per_cycle * cal.class_factor.get(row.core_class, 1.0)
+    peak = hz * row.flops_per_cycle * core_speed(cal, row.core_class, row.core)
     efficiency = np.array([[cal.efficiency.get(p, {}).get(k, cal.efficiency["float32"]
                                                           .get(k, 0.05))
                             for k in KIND_LIST] for p in PRECISIONS])
@@ -166,7 +179,7 @@ def seconds(ops: OpArrays, row: DeviceRow, runtime: str, cal: Calibration,
     runtime_speed = np.array([factors.get(p, 1.0) for p in PRECISIONS])
     # int8 GEMMs: twice float's lanes, and SDOT's gain where the core has it; dynamic
     # range runs its matmuls in int8 too (its activations quantized on the fly)
-    int8 = 2.0 * (cal.dotprod_gain if row.dotprod else 1.0)
+    int8 = cal.int8_gain * (cal.dotprod_gain if row.dotprod else 1.0)
     int_gain = np.array([1.0, int8, 1.0, int8])
     gemm = np.isin(ops.kind, [KIND_LIST.index(k) for k in GEMM_KINDS])
     gain = np.where(gemm, int_gain[ops.precision], 1.0)

@@ -165,8 +165,8 @@ def _priced(operators: list[Operator], device: Device, measured: Mapping[str, An
     fixed_ms = fixed_host * slowdown if probed else 0.0
     total = pricing.total_ms + fixed_ms
     ops = len(operators)
-    per_op_ms = (dispatch if dispatch is not None else
-                 _calibrated_dispatch_ms(device, pricing.threads))
+    per_op_ms = (dispatch + _barrier_ms(device, pricing.threads) if dispatch is not None
+                 else _calibrated_dispatch_ms(device, pricing.threads))
     overhead = per_op_ms * ops + fixed_ms
     compute = max(total - overhead, 0.0)
     threads_from = "target" if device.threads else "big cores"
@@ -216,11 +216,20 @@ def _priced(operators: list[Operator], device: Device, measured: Mapping[str, An
 
 
 def _calibrated_dispatch_ms(device: Device, threads: int) -> float:
+    """The calibrated cost per op of LiteRT, its thread barrier included."""
     from orchestrator.measure.cost_model import calibration
 
-    cal = calibration()
-    cycles = cal.dispatch_cycles + (cal.sync_cycles if threads > 1 else 0.0)
-    return cycles / (device.cpu_clusters[0].ghz * 1e9) * 1e3
+    cycles = calibration().dispatch_cycles
+    return cycles / (device.cpu_clusters[0].ghz * 1e9) * 1e3 + _barrier_ms(device, threads)
+
+
+def _barrier_ms(device: Device, threads: int) -> float:
+    """The calibrated thread barrier per op where more than one thread runs it."""
+    from orchestrator.measure.cost_model import calibration
+
+    if threads <= 1:
+        return 0.0
+    return calibration().sync_cycles / (device.cpu_clusters[0].ghz * 1e9) * 1e3
 
 
 def timings_spread(p50_ms: float, fastest_ms: float) -> str | None:

@@ -116,10 +116,8 @@ class LoadedRecipe:
                 raise self.error(str(exc), ("targets", index, "device")) from exc
             if target.threads is not None:
                 if target.threads > device.cores:
-                    raise self.error(
-                        f"threads: {target.threads} is more than the {device.cores} cores "
-                        f"of {device.name or 'this device'}: threads beyond its cores only "
-                        "share them", ("targets", index, "threads"))
+                    raise self.error(too_many_threads(target.threads, device),
+                                     ("targets", index, "threads"))
                 device = device.model_copy(update={"threads": target.threads})
             devices[target.name] = device
         return devices
@@ -207,10 +205,21 @@ def _check_files(loaded: LoadedRecipe, parts: Collection[str] | None = None,
         if not isinstance(device, str):
             continue  # an inline spec: pydantic checked it
         try:
-            resolve_device(device)
+            resolved = resolve_device(device)
         except ValueError as exc:
             errors.append(loaded.error(str(exc), ("targets", index, "device")))
+            continue
+        threads = target.get("threads")
+        if isinstance(threads, int) and threads > resolved.cores:
+            errors.append(loaded.error(too_many_threads(threads, resolved),
+                                       ("targets", index, "threads")))
     return errors
+
+
+def too_many_threads(threads: int, device: Any) -> str:
+    """Why a target's `threads:` is refused: more than its device's cores."""
+    return (f"threads: {threads} is more than the {device.cores} cores of "
+            f"{device.name or 'this device'}: threads beyond its cores only share them")
 
 
 def _recipe_path(path: str | Path) -> Path:

@@ -66,6 +66,13 @@ class Cluster(BaseModel):
                       "by default; false for a big.LITTLE chip's little cluster.")
 
     @property
+    def microarchitecture(self) -> str:
+        """The core design a vendor's name builds on: "Kryo 385 Gold (Cortex-A75)" ->
+        "Cortex-A75" (the calibration's per-core factors are per design)."""
+        inner = self.core.partition("(")[2].rstrip(")").strip()
+        return inner or self.core
+
+    @property
     def core_class(self) -> str:
         """The class of core the calibration's rates are per (cost_model)."""
         if self.core.lower().startswith("apple"):
@@ -204,7 +211,7 @@ PRESETS: dict[str, Device] = {
         _preset(name="phone-2016", flops_per_second=20e9, ram_mb=2048, app_ram_limit_mb=100,
                 cpu="Snapdragon 820 Kryo core", soc="Snapdragon 820",
                 clusters=[_cores("Kryo", 2, 2.15, 8), _cores("Kryo", 2, 1.59, 8, big=False)],
-                memory_gbs=29.9, core_flops_per_second=10.5e9,
+                memory_gbs=29.9,
                 sources=["SPEC: 20 GFLOP/s sustained", VFPBENCH, LLVM_CORES,
                          "nanoreview SD820/821: 2x2.15 + 2x1.59 GHz Kryo, LPDDR4 1866 MHz "
                          "4x16 bit (29.8 GB/s)"]),
@@ -216,7 +223,7 @@ PRESETS: dict[str, Device] = {
                           _cores("Cortex-A78", 3, 2.42, 16, dotprod=True),
                           _cores("Cortex-A55", 4, 1.8, 8, dotprod=True, in_order=True,
                                  big=False)],
-                memory_gbs=51.2, core_flops_per_second=38.4e9,
+                memory_gbs=51.2,
                 sources=["SPEC: 10 GFLOP/s sustained", NEON_PIPES, LLVM_CORES,
                          "LPDDR5-6400 on 64 bits: 51.2 GB/s (derived)"]),
         # SPEC: "a Raspberry Pi 3 about 5". 4x Cortex-A53 at 1.2 GHz, in order, 8

@@ -431,6 +431,17 @@ BAD = {
                         ["--input-shape", "at least 1"]),
     "shape: no name": (lambda m, t: [str(m["model.pb"]), "--input-shape", "1,8,8,3"],
                        ["--input-shape", "NAME:d1,d2"]),
+    "device: unknown": (lambda m, t: [str(m["model.pb"]), "--device", "pixel-44"],
+                        ["--device 'pixel-44'", "did you mean", "pixel-4"]),
+    "device: more threads than cores": (
+        lambda m, t: [str(m["model.pb"]), "--device", "raspberry-pi-3:5"],
+        ["--device 'raspberry-pi-3:5'", "5 threads", "the 4 cores of raspberry-pi-3"]),
+    "device: threads not a number": (
+        lambda m, t: [str(m["model.pb"]), "--device", "pixel-4:two"],
+        ["--device 'pixel-4:two'", "NAME:THREADS"]),
+    "device: with --on": (lambda m, t: [str(m["model.tflite"]), "--device", "pixel-4",
+                                        "--on", "ssh://nobody@127.0.0.1:1"],
+                          ["--device", "--on", "give one of them"]),
 }
 
 
@@ -593,7 +604,8 @@ def test_inspect_an_encrypted_model_without_its_key_shows_the_header(
 
 
 # the cases about the model file (not about benchmark's own options)
-INSPECT_BAD = [case for case in BAD if not case.startswith(("shape", "runs", "threads"))]
+INSPECT_BAD = [case for case in BAD
+               if not case.startswith(("shape", "runs", "threads", "device"))]
 
 
 @pytest.mark.parametrize("case", INSPECT_BAD)
@@ -710,3 +722,74 @@ def test_the_default_threads_are_the_stages_and_the_report_says_so(tmp_path: Pat
         f"times: this host's {timed} cores)")
     given = get_stage("benchmark").params(threads=[1, 2])
     assert threads_text(given, 2) == "threads: 1,2 (--threads)"
+
+
+# ---------------------------------------------------------------- estimates per --device
+
+
+@pytest.mark.parametrize("name", ["model.tflite", "model.pb"])
+def test_device_estimates_the_file_as_a_recipe_target(name: str, in_tmp: Path,
+                                                      models: dict[str, Path],
+                                                      capsys: pytest.CaptureFixture[str]
+                                                      ) -> None:
+    """`--device NAME[:THREADS]` gives the estimate a recipe's target on that preset gets:
+    the file's operators priced on its cores, for its big cores or THREADS, its costliest
+    ops and its expected error; printed as --json holds it."""
+    from orchestrator.formatting import format_ms
+    from orchestrator.measure.estimates import estimate
+    from orchestrator.spec.devices import resolve_device
+
+    args = (str(models[name]), "--runs", "2", "--warmup", "0", "--profile-runs", "0",
+            "--input-shape", ("serving_default_pixels:0" if name.endswith("tflite")
+                              else "pixels") + ":1,16,16,3",
+            "--device", "pixel-4", "--device", "raspberry-pi-3:1")
+    info = bench_json(capsys, *args)
+    made, est = info["estimate"], info["est_latency_ms"]
+    assert list(made) == list(est) == ["pixel-4", "raspberry-pi-3:1"]
+    priced_as = "litert-xnnpack" if name.endswith("tflite") else "tensorflow"
+    for target, threads, source in (("pixel-4", 4, "big cores"),
+                                    ("raspberry-pi-3:1", 1, "target")):
+        assert made[target]["threads"] == threads and made[target]["threads_from"] == source
+        assert made[target]["priced_as"] == priced_as
+        assert made[target]["expected_error"]["p80_factor"] > 1
+        # the same figure a recipe's target gets from this run's basis
+        device = resolve_device(target.split(":")[0])
+        if threads == 1:
+            device = device.model_copy(update={"threads": 1})
+        again = estimate(info["flops"], device, info["precision"], info["estimate_basis"])
+        assert again is not None and round(again.latency_ms, 4) == est[target]
+    assert {op["op"] for op in made["pixel-4"]["top_ops"]} & {"CONV_2D", "Conv2D"}
+    # an in-order A53 on one thread against a Cortex-A76 on four
+    assert est["raspberry-pi-3:1"] > est["pixel-4"]
+
+    code, text, err = bench(capsys, *args)
+    assert code == 0, err
+    estimated = text.split("Estimated (computed from the graph, not measured):")[1]
+    for target in made:
+        line = next(line for line in estimated.splitlines()
+                    if line.startswith(f"  Latency on {target}: "))
+        assert line == f"  Latency on {target}: {made[target]['summary']}"
+        assert line.split(": ", 1)[1].startswith(format_ms(est[target]) + " on ")
+        error = made[target]["expected_error"]
+        assert f"expected error ±{round((error['p80_factor'] - 1) * 100)} %" in line
+        block = estimated.split(line, 1)[1]
+        assert block.splitlines()[1] == f"    threads: {made[target]['threads']} (" + (
+            "--device NAME:THREADS)" if made[target]["threads_from"] == "target" else
+            "the device's big cores; --device NAME:THREADS sets them)")
+        costliest = block.splitlines()[2]
+        assert costliest.startswith("    costliest ops: ")
+        shown = re.findall(r"(\S+) \((\w+)\) (\S+ (?:µs|ms)) (\d+)%", costliest)
+        assert [(n, op) for n, op, _, _ in shown] == [(o["name"], o["op"])
+                                                      for o in made[target]["top_ops"]]
+        shares = [int(share) for *_, share in shown]
+        assert shares == sorted(shares, reverse=True) and sum(shares) <= 100
+        for (_, _, ms, share), op in zip(shown, made[target]["top_ops"], strict=True):
+            assert ms == format_ms(op["ms"])
+            assert abs(int(share) - 100 * op["ms"] / est[target]) <= 0.5 + 1e-9
+        assert block.splitlines()[3] == f"    expected error: {error['text']}"
+
+    # without --device: no estimate, and the line says how to ask for one
+    plain = bench_json(capsys, *args[:9])
+    assert not plain.get("estimate") and not plain.get("est_latency_ms")
+    code, text, _ = bench(capsys, *args[:9])
+    assert "  Latency on a device: give --device NAME[:THREADS]" in text

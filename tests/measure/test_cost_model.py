@@ -15,6 +15,7 @@ import pytest
 from orchestrator.measure.cost_model import (
     Calibration,
     calibration,
+    core_speed,
     device_row,
     price,
     short_name,
@@ -53,15 +54,15 @@ def test_a_depthwise_costs_more_than_a_1x1_of_the_same_work_by_the_fitted_ratio(
         (flops + extra["conv_1x1"] * elements) / eff["conv_1x1"])
     assert expected > 2  # a depthwise sustains a small share of the core's peak
     assert depthwise / pointwise == pytest.approx(expected, rel=1e-9)
-    # the absolute figure: work over the Cortex-A72's peak (1.5 GHz x 8 FLOP/cycle) at the
-    # kind's efficiency and XNNPACK's float factor
-    peak = 1.5e9 * 8 * cal.class_factor["arm-ooo"]
+    # the absolute figure: work over the Cortex-A72's peak (1.5 GHz x 8 FLOP/cycle, at the
+    # fitted speed of its class and design) at the kind's efficiency and XNNPACK's factor
+    peak = 1.5e9 * 8 * core_speed(cal, "arm-ooo", "Cortex-A72")
     rate = peak * eff["conv_1x1"] * cal.runtime_factor[XNN]["float32"]
     assert pointwise == pytest.approx((flops + extra["conv_1x1"] * elements) / rate * 1e3)
-    # int8 runs GEMMs at twice float's lanes (no dot product on an A72)
+    # int8 runs GEMMs on more lanes (no dot product on an A72)
     int8 = compute_ms(op("conv_1x1", flops, elements, precision="int8"))
     ratio = (eff["conv_1x1"] * cal.runtime_factor[XNN]["float32"]) / (
-        cal.efficiency["int8"]["conv_1x1"] * cal.runtime_factor[XNN]["int8"] * 2)
+        cal.efficiency["int8"]["conv_1x1"] * cal.runtime_factor[XNN]["int8"] * cal.int8_gain)
     assert int8 / pointwise == pytest.approx(ratio, rel=1e-9)
 
 
@@ -90,8 +91,11 @@ def test_little_cores_add_less_than_big_ones() -> None:
     # RK3399: 2 Cortex-A72 at 1.8 GHz, then A53s at 1.4 (in order); its default is the 2
     assert RK3399.default_threads == 2 and RK3399.big_cores == 2
     row = device_row(RK3399, 4)
-    assert [kind for _, kind in row.cores] == ["arm-ooo"] * 2 + ["arm-in-order"] * 2
-    little = 1.4 / 1.8 * cal.class_factor["arm-in-order"]
+    assert [core[1:] for core in row.cores] == [("arm-ooo", "Cortex-A72")] * 2 + [
+        ("arm-in-order", "Cortex-A53")] * 2
+    little = 1.4 / 1.8 * core_speed(cal, "arm-in-order", "Cortex-A53") / core_speed(
+        cal, "arm-ooo", "Cortex-A72")
+    assert little < 0.5
     assert thread_speedup(row, cal) == pytest.approx(
         1 + cal.parallel_efficiency * (1 + 2 * little))
     rk_gain = compute_ms(big, RK3399) / compute_ms(big, RK3399, threads=4)
