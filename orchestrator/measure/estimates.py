@@ -120,11 +120,12 @@ def expected_error(device: Device) -> dict[str, Any] | None:
         figures, scope = calibration().expected_error.get("all"), "all published devices"
     if not figures or not figures.get("rows"):
         return None
-    band = round((float(figures["p80_factor"]) - 1.0) * 100)
     return {**figures, "class": core_class,
-            "text": f"±{band} % for 4 in 5 rows on {scope} (median error "
-                    f"{figures['median_factor']:.2f}x over {figures['rows']} rows, each "
-                    "device left out of the fit; benchmarks/estimates.py)"}
+            "short": f"within {float(figures['p80_factor']):.2f}x",
+            "text": f"within {float(figures['p80_factor']):.2f}x of the published figure for "
+                    f"4 in 5 rows on {scope} (median error {figures['median_factor']:.2f}x "
+                    f"over {figures['rows']} rows, each device left out of the fit; "
+                    "benchmarks/estimates.py)"}
 
 
 def estimate(flops: float | None, device: Device, precision: str = "float32",
@@ -172,7 +173,9 @@ def _priced(operators: list[Operator], device: Device, measured: Mapping[str, An
     threads_from = "target" if device.threads else "big cores"
     error = expected_error(device)
     top = [{"name": o.name, "op": o.op, "kind": o.kind, "precision": o.precision,
-            "ms": o.ms, "share": o.share, "why": o.why} for o in pricing.top(TOP_OPS)]
+            # of the whole estimate, a TF session's cost per run included
+            "ms": o.ms, "share": o.ms / total if total else 0.0, "why": o.why}
+           for o in pricing.top(TOP_OPS)]
     kinds = pricing.by_kind()
     kinds_text = ", ".join(f"{kind} {format_ms(ms)}" for kind, ms in list(kinds.items())[:4])
     threads_text = (f"{pricing.threads} thread{'s' if pricing.threads > 1 else ''} ("
@@ -201,8 +204,7 @@ def _priced(operators: list[Operator], device: Device, measured: Mapping[str, An
     summary = (f"{format_ms(total)} on {pricing.threads} {core} thread"
                f"{'s' if pricing.threads > 1 else ''} ({kinds_text}; "
                f"{format_ms(overhead)} overhead)"
-               + (f", expected error ±{round((error['p80_factor'] - 1) * 100)} %"
-                  if error else ""))
+               + (f", expected error: {error['short']}" if error else ""))
     cv = _number(measured, "host_cv")
     return Estimate(latency_ms=total, method=method, summary=summary, compute_ms=compute,
                     overhead_ms=overhead, host_p50_ms=p50, host_fastest_ms=fastest,

@@ -103,6 +103,7 @@ def method_rows(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One row per variant and target whose estimate says how it was made: the figure,
     its two terms, the method in a few words, the full method text."""
     from orchestrator.formatting import format_ms
+    from orchestrator.measure.cost_model import RUNTIMES
     from orchestrator.measure.estimates import RUNTIME_NAMES
 
     rows = []
@@ -119,8 +120,9 @@ def method_rows(report: Mapping[str, Any]) -> list[dict[str, Any]]:
                 threads = int(made.get("threads") or 1)
                 chosen = ("the target's" if made.get("threads_from") == "target"
                           else "its big cores")
+                runtime = RUNTIMES.get(str(made.get("priced_as")), str(made.get("priced_as")))
                 how = (f"{threads} thread{'s' if threads > 1 else ''} ({chosen}), ops priced "
-                       f"as {made.get('priced_as')}")
+                       f"for {runtime}")
             else:  # a report from before per-op estimates
                 runtime = RUNTIME_NAMES.get(str(made.get("runtime")), "runtime")
                 how = (f"FLOPs at the device's rate + {runtime} overhead measured here "
@@ -135,7 +137,7 @@ def method_rows(report: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "host": format_ms((variant.get("latency_ms") or {}).get("p50")),
                 "below_host": below_host(variant, target),
                 "how": how, "method": made["method"],
-                "expected_error": (f"±{round((error['p80_factor'] - 1) * 100)} %"
+                "expected_error": (f"{float(error['p80_factor']):.2f}x"
                                    if error.get("p80_factor") else ""),
                 "expected_error_text": error.get("text", ""),
                 "top_ops": [{**op, "ms": format_ms(op.get("ms")),

@@ -771,7 +771,7 @@ def test_device_estimates_the_file_as_a_recipe_target(name: str, in_tmp: Path,
         assert line == f"  Latency on {target}: {made[target]['summary']}"
         assert line.split(": ", 1)[1].startswith(format_ms(est[target]) + " on ")
         error = made[target]["expected_error"]
-        assert f"expected error ±{round((error['p80_factor'] - 1) * 100)} %" in line
+        assert f"expected error: within {error['p80_factor']:.2f}x" in line
         block = estimated.split(line, 1)[1]
         assert block.splitlines()[1] == f"    threads: {made[target]['threads']} (" + (
             "--device NAME:THREADS)" if made[target]["threads_from"] == "target" else
@@ -782,7 +782,9 @@ def test_device_estimates_the_file_as_a_recipe_target(name: str, in_tmp: Path,
         assert [(n, op) for n, op, _, _ in shown] == [(o["name"], o["op"])
                                                       for o in made[target]["top_ops"]]
         shares = [int(share) for *_, share in shown]
-        assert shares == sorted(shares, reverse=True) and sum(shares) <= 100
+        # whole percents, each rounded: their sum may pass 100 by the rounding
+        assert shares == sorted(shares, reverse=True)
+        assert sum(shares) <= 100 + len(shares) // 2
         for (_, _, ms, share), op in zip(shown, made[target]["top_ops"], strict=True):
             assert ms == format_ms(op["ms"])
             assert abs(int(share) - 100 * op["ms"] / est[target]) <= 0.5 + 1e-9

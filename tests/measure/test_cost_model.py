@@ -77,7 +77,11 @@ def test_threads_speed_a_big_op_by_the_cores_and_a_tiny_one_hardly() -> None:
     assert gain == pytest.approx(1 + (full - 1) * split, rel=1e-9)
     assert gain == pytest.approx(full, rel=0.01)
     tiny = op("conv", 20_000, 100)
-    assert compute_ms(tiny) / compute_ms(tiny, threads=4) < 1.02
+    tiny_work = tiny.flops + cal.element_cost["conv"] * tiny.elements
+    tiny_gain = compute_ms(tiny) / compute_ms(tiny, threads=4)
+    assert tiny_gain == pytest.approx(
+        1 + (full - 1) * tiny_work / (tiny_work + cal.parallel_work), rel=1e-9)
+    assert tiny_gain - 1 < (gain - 1) / 10  # a tenth of the big op's gain at most
     # with the threads' barrier, four threads run a tiny op slower than one
     assert price([tiny], PI4, XNN, threads=4).total_ms > price([tiny], PI4, XNN,
                                                                 threads=1).total_ms
