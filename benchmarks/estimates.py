@@ -10,19 +10,22 @@ Each published row's architecture is built (keras.applications, weights=None: we
 not change latency; testbed/published_architectures.py), converted to a .tflite of the
 published precision (float32; uint8 QAT as full int8; "post-training quantized" of 2018 as
 dynamic range) and read op by op (orchestrator.model.litert_model.operators), as a
-recipe's shipped file is. The rates are fitted per kind of op on the calibration rows
-(../shared/data/published_latency.csv), with a pull towards physical priors; the figures
-printed are:
+recipe's shipped file is. The rates are fitted per kind of op and per core design, with a
+pull towards physical priors, on the rows with a published thread count of
+benchmarks/data/published_latency.csv (the calibration set) and
+benchmarks/data/heldout_latency.csv (other publications). The figures printed:
 
 - in-sample: the fit's own rows (how well the model can fit at all);
+- held-out sources, each left out: each publication of the held-out file estimated by a
+  fit on everything else; no row is estimated by a fit that saw its publication;
 - leave-one-device-out: each device's rows estimated by a fit without that device;
 - leave-one-model-out: each architecture's rows by a fit without that architecture;
-- held-out: benchmarks/data/heldout_latency.csv, published by other sources, never fitted.
+- the rule the per-op model replaced, on the rows of its catalogue's devices.
 
 Rows whose thread count was not published ("n/s") are estimated and shown, not scored.
-The fitted calibration and the leave-one-device-out errors per class of core go to
-orchestrator/measure/latency_calibration.json with --write: the report quotes them beside
-every estimate.
+The shipped calibration (--write: orchestrator/measure/latency_calibration.json) is the
+fit on every scored row, with the leave-one-device-out errors per class of core: the
+report quotes them beside every estimate.
 """
 
 from __future__ import annotations
@@ -51,7 +54,9 @@ from orchestrator.measure.cost_model import Calibration  # noqa: E402
 from orchestrator.model.operators import Operator  # noqa: E402
 from orchestrator.spec.devices import Device, resolve_device  # noqa: E402
 
-PUBLISHED = ROOT.parent / "shared" / "data" / "published_latency.csv"
+# the project's calibration set, as published (a copy of the shared data; its README cites
+# every source)
+PUBLISHED = ROOT / "benchmarks" / "data" / "published_latency.csv"
 HELD_OUT = ROOT / "benchmarks" / "data" / "heldout_latency.csv"
 # the converted files and their operators, kept between runs (a full run builds 40 files,
 # about 5 minutes, once)
@@ -326,7 +331,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = args.work or (WORK.with_name("estimates-quick") if args.quick else WORK)
     work.mkdir(parents=True, exist_ok=True)
     base = cost_model.calibration()
-    args.fit = True
     if args.quick:
         args.write = False
 
@@ -345,7 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     scored_calib = [c for c in calib if c.row.threads is not None]
     held_scored = [c for c in held if c.row.threads is not None]
     every = scored_calib + held_scored
-    cal = fit(every, base) if args.fit else base
+    cal = fit(every, base)
 
     def ratios(cases: list[Case], using: Calibration) -> list[float]:
         return [estimate_ms(c, using) / c.row.published_ms for c in cases]
@@ -354,22 +358,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     by_model: dict[str, list[float]] = {}
     by_source: dict[str, list[float]] = {}
     device_ratio: dict[int, float] = {}
-    if args.fit:
-        # the held-out sources, each estimated by a fit on the calibration file and the
-        # other held-out sources: a row is never estimated by a fit that saw its source
-        for group in sorted({source_group(c.row.source) for c in held_scored}):
-            without = fit([c for c in every if source_group(c.row.source) != group], base)
-            by_source[group] = ratios([c for c in held_scored
-                                       if source_group(c.row.source) == group], without)
-        for device in sorted({c.row.device.partition("@")[0] for c in every}):
-            without = fit([c for c in every if not c.row.device.startswith(device)], base)
-            for index, case in enumerate(every):
-                if case.row.device.partition("@")[0] == device:
-                    device_ratio[index] = estimate_ms(case, without) / case.row.published_ms
-                    by_device.setdefault(device, []).append(device_ratio[index])
-        for model in sorted({c.row.model for c in every}):
-            without = fit([c for c in every if c.row.model != model], base)
-            by_model[model] = ratios([c for c in every if c.row.model == model], without)
+    # the held-out sources, each estimated by a fit on the calibration file and the
+    # other held-out sources: a row is never estimated by a fit that saw its source
+    for group in sorted({source_group(c.row.source) for c in held_scored}):
+        without = fit([c for c in every if source_group(c.row.source) != group], base)
+        by_source[group] = ratios([c for c in held_scored
+                                   if source_group(c.row.source) == group], without)
+    for device in sorted({c.row.device.partition("@")[0] for c in every}):
+        without = fit([c for c in every if c.row.device.partition("@")[0] != device],
+                      base)
+        for index, case in enumerate(every):
+            if case.row.device.partition("@")[0] == device:
+                device_ratio[index] = estimate_ms(case, without) / case.row.published_ms
+                by_device.setdefault(device, []).append(device_ratio[index])
+    for model in sorted({c.row.model for c in every}):
+        without = fit([c for c in every if c.row.model != model], base)
+        by_model[model] = ratios([c for c in every if c.row.model == model], without)
 
     print("| rows | n | median error factor | within 1.25x | within 2x | worst |")
     print("|---|---|---|---|---|---|")

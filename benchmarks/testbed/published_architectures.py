@@ -1,5 +1,5 @@
 """The architectures of the published latency measurements
-(/work/shared/data/published_latency.csv), built untrained and converted to TFLite, so that
+(benchmarks/data/published_latency.csv), built untrained and converted to TFLite, so that
 a latency estimate can be run on the same graph a published number was measured on.
 
 Weights are seeded random (weights=None): latency follows the graph (its ops, shapes and
@@ -49,8 +49,9 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # and its oneDNN banner wit
 if TYPE_CHECKING:
     import tensorflow as tf
 
-CSV = Path("/work/shared/data/published_latency.csv")
-DEFAULT_WORK = Path("/work/notes/est_models")
+ROOT = Path(__file__).resolve().parents[2]
+CSV = ROOT / "benchmarks" / "data" / "published_latency.csv"
+DEFAULT_WORK = ROOT / ".orchestrator" / "bench" / "estimates"
 PRECISIONS = ("float32", "int8", "dynamic")
 # the CSV's variant (after a leading alpha) -> the precision of the file built for it
 VARIANT_PRECISION = {"float32": "float32", "float32 original": "float32",

@@ -95,13 +95,13 @@ class OpArrays:
 
     kind: np.ndarray  # index into KIND_LIST
     precision: np.ndarray  # index into PRECISIONS
-    work: np.ndarray  # FLOPs for GEMM_KINDS, output elements else
-    elements: np.ndarray  # output elements
+    work: np.ndarray  # FLOPs for GEMM_KINDS, output elements else (0 for a reshape)
+    gemm_elements: np.ndarray  # a GEMM kind's output elements (its per-pixel cost); 0 else
     bytes: np.ndarray
-    counted: np.ndarray  # 0 for a reshape (no dispatch beyond its own)
 
 
 def op_arrays(operators: Sequence[Operator]) -> OpArrays:
+    """The operators as the arrays `seconds` prices."""
     kinds = np.array([KIND_LIST.index(o.kind if o.kind in KINDS else "other")
                       for o in operators], dtype=np.int64)
     return OpArrays(
@@ -111,10 +111,9 @@ def op_arrays(operators: Sequence[Operator]) -> OpArrays:
         # a reshape moves nothing (a Const is read in place): only its dispatch
         work=np.array([float(o.flops) if o.kind in GEMM_KINDS else
                        0.0 if o.kind == "reshape" else float(o.elements) for o in operators]),
-        elements=np.array([float(o.elements) if o.kind in GEMM_KINDS else 0.0
-                           for o in operators]),
-        bytes=np.array([0.0 if o.kind == "reshape" else float(o.bytes) for o in operators]),
-        counted=np.ones(len(operators)))
+        gemm_elements=np.array([float(o.elements) if o.kind in GEMM_KINDS else 0.0
+                                for o in operators]),
+        bytes=np.array([0.0 if o.kind == "reshape" else float(o.bytes) for o in operators]))
 
 
 @dataclass(frozen=True)
@@ -133,6 +132,7 @@ class DeviceRow:
 
 
 def device_row(device: Device, threads: int | None = None) -> DeviceRow:
+    """`device` at `threads` (default its own) as `seconds` reads it."""
     clusters = device.cpu_clusters
     count = max(1, threads or device.default_threads)
     first = clusters[0]
@@ -157,6 +157,7 @@ def core_speed(cal: Calibration, core_class: str, design: str) -> float:
 
 
 def thread_speedup(row: DeviceRow, cal: Calibration) -> float:
+    """The threads' speedup on an op large enough to split fully."""
     if row.threads <= 1:
         return 1.0
     own = core_speed(cal, row.core_class, row.core)
@@ -180,11 +181,12 @@ def seconds(ops: OpArrays, row: DeviceRow, runtime: str, cal: Calibration,
     # int8 GEMMs: twice float's lanes, and SDOT's gain where the core has it; dynamic
     # range runs its matmuls in int8 too (its activations quantized on the fly)
     int8 = cal.int8_gain * (cal.dotprod_gain if row.dotprod else 1.0)
-    int_gain = np.array([1.0, int8, 1.0, int8])
+    gains = {"int8": int8, "dynamic": int8}
+    int_gain = np.array([gains.get(p, 1.0) for p in PRECISIONS])
     gemm = np.isin(ops.kind, [KIND_LIST.index(k) for k in GEMM_KINDS])
     gain = np.where(gemm, int_gain[ops.precision], 1.0)
     extra = np.array([cal.element_cost.get(k, 0.0) for k in KIND_LIST])[ops.kind]
-    work = ops.work + extra * ops.elements
+    work = ops.work + extra * ops.gemm_elements
     # the threads' speedup, less for an op too small to split well
     split = work / (work + cal.parallel_work) if cal.parallel_work > 0 else 1.0
     speedup = 1.0 + (thread_speedup(row, cal) - 1.0) * split
@@ -195,39 +197,53 @@ def seconds(ops: OpArrays, row: DeviceRow, runtime: str, cal: Calibration,
         memory = ops.bytes / (row.memory_gbs * 1e9 * cal.bandwidth_efficiency)
     else:
         memory = np.zeros_like(compute)
-    per_op = (cal.dispatch_cycles / hz if dispatch_s is None else dispatch_s) + (
-        cal.sync_cycles / hz if row.threads > 1 else 0.0)
-    return np.maximum(compute, memory) + per_op * ops.counted, compute, memory
+    dispatch = cal.dispatch_cycles / hz if dispatch_s is None else dispatch_s
+    # the threads meet after an op as far as they split it; a reshape runs on one
+    reshape = ops.kind == KIND_LIST.index("reshape")
+    barrier = (cal.sync_cycles / hz * np.where(reshape, 0.0, split) if row.threads > 1
+               else 0.0)
+    return np.maximum(compute, memory) + dispatch + barrier, compute, memory
 
 
 # ------------------------------------------------------------------------- one estimate
 
 @dataclass(frozen=True)
 class PricedOp:
+    """One operator's cost on the device: its kernel and the runtime's cost around it."""
+
     name: str
     op: str
     kind: str
     precision: str
-    ms: float
-    share: float  # of the whole run
+    ms: float  # kernel + dispatch (+ barrier)
+    kernel_ms: float  # the kernel alone: its compute, or its bytes where that is longer
+    share: float  # ms, of the whole run
     why: str
 
 
 @dataclass(frozen=True)
 class Pricing:
+    """A model's operators priced on one device at one thread count."""
+
     total_ms: float
     ops: tuple[PricedOp, ...]  # every op, in run order
     threads: int
     runtime: str
-    speedup: float  # the threads' speedup on compute
+    speedup: float  # the threads' speedup on an op large enough to split fully
+
+    @property
+    def kernel_ms(self) -> float:
+        return sum(op.kernel_ms for op in self.ops)
 
     def top(self, count: int = 5) -> list[PricedOp]:
+        """The `count` ops that cost most, costliest first."""
         return sorted(self.ops, key=lambda o: -o.ms)[:count]
 
     def by_kind(self) -> dict[str, float]:
+        """Kernel time per kind of op, largest first (dispatch is the runtime's)."""
         totals: dict[str, float] = {}
         for op in self.ops:
-            totals[op.kind] = totals.get(op.kind, 0.0) + op.ms
+            totals[op.kind] = totals.get(op.kind, 0.0) + op.kernel_ms
         return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
 
@@ -240,14 +256,17 @@ def price(operators: Sequence[Operator], device: Device, runtime: str,
     arrays = op_arrays(operators)
     total, compute, memory = seconds(arrays, row, runtime, cal,
                                      None if dispatch_ms is None else dispatch_ms / 1e3)
-    whole = float(total.sum()) or 1.0
+    whole_ms = float(total.sum()) * 1e3
+    kernels = np.maximum(compute, memory)
     priced = []
     for index, op in enumerate(operators):
         ms = float(total[index]) * 1e3
         priced.append(PricedOp(name=short_name(op.name), op=op.op, kind=op.kind,
-                               precision=op.precision, ms=ms, share=ms / (whole * 1e3),
+                               precision=op.precision, ms=ms,
+                               kernel_ms=float(kernels[index]) * 1e3,
+                               share=ms / whole_ms if whole_ms > 0 else 0.0,
                                why=_why(op, float(compute[index]), float(memory[index]))))
-    return Pricing(total_ms=whole * 1e3, ops=tuple(priced), threads=row.threads,
+    return Pricing(total_ms=whole_ms, ops=tuple(priced), threads=row.threads,
                    runtime=runtime, speedup=thread_speedup(row, cal))
 
 

@@ -108,23 +108,32 @@ def _number(measured: Mapping[str, Any], key: str) -> float | None:
     return float(value) if isinstance(value, int | float) and value >= 0 else None
 
 
+# the classes of core the calibration's expected errors are per, in words
+CLASS_WORDS = {"arm-ooo": "out-of-order Arm cores", "arm-in-order": "in-order Arm cores",
+               "apple": "Apple cores", "x86": "x86 cores"}
+
+
 def expected_error(device: Device) -> dict[str, Any] | None:
     """How far the benchmark found estimates off on published devices of this device's
-    class of core (leave-one-device-out), with the words the report shows."""
+    class of core (leave-one-device-out), with the words the report shows; where no
+    published row ran on its class (x86), the figure over every device, and it says so."""
     from orchestrator.measure.cost_model import calibration
 
     core_class = device.cpu_clusters[0].core_class
+    words = CLASS_WORDS.get(core_class, core_class)
     figures = calibration().expected_error.get(core_class)
-    scope = f"published {core_class} devices"
+    scope = f"published devices with {words}"
     if not figures or not figures.get("rows"):
-        figures, scope = calibration().expected_error.get("all"), "all published devices"
+        figures = calibration().expected_error.get("all")
+        scope = f"all published devices (none has {words})"
     if not figures or not figures.get("rows"):
         return None
+    factor = float(figures["p80_factor"])
     return {**figures, "class": core_class,
-            "short": f"within {float(figures['p80_factor']):.2f}x",
-            "text": f"within {float(figures['p80_factor']):.2f}x of the published figure for "
-                    f"4 in 5 rows on {scope} (median error {figures['median_factor']:.2f}x "
-                    f"over {figures['rows']} rows, each device left out of the fit; "
+            "short": f"within {factor:.2f}x",
+            "text": f"within {factor:.2f}x of the published figure for 4 in 5 rows on "
+                    f"{scope} (median error {figures['median_factor']:.2f}x over "
+                    f"{figures['rows']} rows, each device left out of the fit; "
                     "benchmarks/estimates.py)"}
 
 
@@ -166,10 +175,9 @@ def _priced(operators: list[Operator], device: Device, measured: Mapping[str, An
     fixed_ms = fixed_host * slowdown if probed else 0.0
     total = pricing.total_ms + fixed_ms
     ops = len(operators)
-    per_op_ms = (dispatch + _barrier_ms(device, pricing.threads) if dispatch is not None
-                 else _calibrated_dispatch_ms(device, pricing.threads))
-    overhead = per_op_ms * ops + fixed_ms
-    compute = max(total - overhead, 0.0)
+    compute = pricing.kernel_ms
+    overhead = total - compute  # dispatch and the threads' barriers, and a session's run
+    per_op_ms = (pricing.total_ms - compute) / ops if ops else 0.0
     threads_from = "target" if device.threads else "big cores"
     error = expected_error(device)
     top = [{"name": o.name, "op": o.op, "kind": o.kind, "precision": o.precision,
@@ -178,20 +186,23 @@ def _priced(operators: list[Operator], device: Device, measured: Mapping[str, An
            for o in pricing.top(TOP_OPS)]
     kinds = pricing.by_kind()
     kinds_text = ", ".join(f"{kind} {format_ms(ms)}" for kind, ms in list(kinds.items())[:4])
-    threads_text = (f"{pricing.threads} thread{'s' if pricing.threads > 1 else ''} ("
+    cores = threads_on(device, pricing.threads)
+    threads_text = ("("
                     + ("the target's `threads:`" if threads_from == "target"
-                       else "the device's big cores; a target's `threads:` sets it")
-                    + (f", ×{pricing.speedup:.2f} on compute" if pricing.threads > 1 else "")
-                    + ")")
+                       else "the device's big cores; a target's `threads:` sets them")
+                    + (f"; up to ×{pricing.speedup:.2f} on an op large enough to split"
+                       if pricing.threads > 1 else "") + ")")
     core = device.cpu_clusters[0].core
-    where = f"{core} cores" + (f" of a {device.soc}" if device.soc else "")
     overhead_text = (f"{format_ms(overhead)} {RUNTIME_NAMES.get(runtime, runtime)} overhead "
                      + (f"({ops} {RUNTIME_OPS.get(runtime, 'ops')} × "
                         f"{format_ms(per_op_host or 0.0)} probed on this host ×{slowdown:.3g} "
-                        f"for a {core}, + {format_ms(fixed_ms)} per run)" if probed
-                        else f"({ops} ops × {format_ms(per_op_ms)} calibrated dispatch)"))
-    method = (f"{format_ms(total)} on {where} with {RUNTIMES[priced_as]}, {threads_text}: "
-              f"{format_ms(compute)} in kernels by kind ({kinds_text}) + {overhead_text}. "
+                        f"for a {core}, the threads' barriers, + {format_ms(fixed_ms)} per "
+                        "run)" if probed
+                        else f"({ops} ops: their calibrated dispatch and the threads' "
+                             "barriers)"))
+    on = f" of a {device.soc}" if device.soc else ""
+    method = (f"{format_ms(total)} on {cores}{on} {threads_text} with {RUNTIMES[priced_as]}: "
+              f"{format_ms(compute)} in kernels (by kind: {kinds_text}) + {overhead_text}. "
               "Each op's work at its kind's rate on this core (fitted on published "
               "measurements), or its bytes at the DRAM's bandwidth where that is longer"
               + (f"; expected error {error['text']}" if error else ""))
@@ -201,8 +212,8 @@ def _priced(operators: list[Operator], device: Device, measured: Mapping[str, An
         spread = timings_spread(p50, fastest)
         if spread is not None and probed:
             method += f"; {spread}: the probe of the runtime's cost may read high"
-    summary = (f"{format_ms(total)} on {pricing.threads} {core} thread"
-               f"{'s' if pricing.threads > 1 else ''} ({kinds_text}; "
+    top_kinds = ", ".join(f"{kind} {format_ms(ms)}" for kind, ms in list(kinds.items())[:3])
+    summary = (f"{format_ms(total)} on {cores} ({top_kinds}; "
                f"{format_ms(overhead)} overhead)"
                + (f", expected error: {error['short']}" if error else ""))
     cv = _number(measured, "host_cv")
@@ -217,21 +228,18 @@ def _priced(operators: list[Operator], device: Device, measured: Mapping[str, An
                     expected_error=error)
 
 
-def _calibrated_dispatch_ms(device: Device, threads: int) -> float:
-    """The calibrated cost per op of LiteRT, its thread barrier included."""
-    from orchestrator.measure.cost_model import calibration
-
-    cycles = calibration().dispatch_cycles
-    return cycles / (device.cpu_clusters[0].ghz * 1e9) * 1e3 + _barrier_ms(device, threads)
-
-
-def _barrier_ms(device: Device, threads: int) -> float:
-    """The calibrated thread barrier per op where more than one thread runs it."""
-    from orchestrator.measure.cost_model import calibration
-
-    if threads <= 1:
-        return 0.0
-    return calibration().sync_cycles / (device.cpu_clusters[0].ghz * 1e9) * 1e3
+def threads_on(device: Device, threads: int) -> str:
+    """The cores `threads` threads run on, fastest first: "4 threads: 1 Cortex-A76 2.84 GHz
+    + 3 Cortex-A76 2.42 GHz"."""
+    left, parts = threads, []
+    for cluster in device.cpu_clusters:
+        used = min(left, cluster.count)
+        if used:
+            parts.append(f"{used} {cluster.microarchitecture} {cluster.ghz:g} GHz")
+        left -= used
+    noun = "thread" if threads == 1 else "threads"
+    return f"{threads} {noun}: " + " + ".join(parts) + (
+        f" (and {left} more, sharing them)" if left > 0 else "")
 
 
 def timings_spread(p50_ms: float, fastest_ms: float) -> str | None:

@@ -195,20 +195,23 @@ def _check_files(loaded: LoadedRecipe, parts: Collection[str] | None = None,
                     errors.append(loaded.error(
                         f"{param}: {shown}: {loaded.resolve(value)}",
                         ("pipelines", name, "stages", index, stage_name, param), RecipeError))
-    from orchestrator.spec.devices import resolve_device
+    from orchestrator.spec.devices import Device, resolve_device
 
     # preset names as written: a target with another bad field (a budget's typo) still has
     # its device checked in the same run
     raw_targets = loaded.raw.get("targets") if isinstance(loaded.raw, dict) else None
     for index, target in enumerate(raw_targets if isinstance(raw_targets, list) else []):
         device = target.get("device") if isinstance(target, dict) else None
-        if not isinstance(device, str):
-            continue  # an inline spec: pydantic checked it
-        try:
-            resolved = resolve_device(device)
-        except ValueError as exc:
-            errors.append(loaded.error(str(exc), ("targets", index, "device")))
+        if isinstance(device, dict) and isinstance(device.get("cores"), int):
+            resolved = Device.model_construct(**device)  # an inline spec: pydantic checked it
+        elif not isinstance(device, str):
             continue
+        else:
+            try:
+                resolved = resolve_device(device)
+            except ValueError as exc:
+                errors.append(loaded.error(str(exc), ("targets", index, "device")))
+                continue
         threads = target.get("threads")
         if isinstance(threads, int) and threads > resolved.cores:
             errors.append(loaded.error(too_many_threads(threads, resolved),

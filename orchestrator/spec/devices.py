@@ -30,7 +30,14 @@ import difflib
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    field_validator,
+    model_validator,
+)
 
 from orchestrator.limits import bounded
 
@@ -59,7 +66,8 @@ class Cluster(BaseModel):
         "128-bit NEON FMA pipe, e.g. 8 for a Cortex-A53 or A72, 16 for an A76 or A78, 32 "
         "for an X1.")
     dotprod: bool = Field(False, description="Has Armv8.2's int8 dot-product instructions "
-                          "(SDOT/UDOT): int8 GEMM kernels run about twice as fast again.")
+                          "(SDOT/UDOT), which int8 GEMM kernels use: the calibration's "
+                          "dot-product gain applies to its int8 ops.")
     in_order: bool = Field(False, description="An in-order core (Cortex-A53, A55): it "
                            "sustains a smaller share of its peak.")
     big: bool = Field(True, description="A big (fast) core: a model's threads go to these "
@@ -157,6 +165,13 @@ class Device(BaseModel):
         """What runs the model, as quantizing stages price a precision (quant/knobs.py):
         "npu" for an a16w8-capable accelerator, else "cpu"."""
         return "npu" if self.a16w8 else "cpu"
+
+    @model_validator(mode="after")
+    def _threads_fit(self) -> Device:
+        if self.threads is not None and self.threads > self.cores:
+            raise ValueError(f"threads: {self.threads} is more than the device's {self.cores} "
+                             "cores: threads beyond its cores only share them")
+        return self
 
     @field_validator("precision_factors")
     @classmethod

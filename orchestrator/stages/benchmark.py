@@ -133,10 +133,13 @@ def run(given: ModelArtifact, params: Params, ctx: StageContext) -> StageResult:
                       zip(artifact.input_names, feeds, strict=True) if feed.ndim > 0}
         try:
             flops = count_flops(artifact.graph_def, one_sample, warnings)
-            operators = graph_operators(artifact.graph_def, one_sample)
         except (ValueError, TypeError) as exc:  # shapes the profiler cannot resolve
             flops = None
             warnings.append(f"FLOPs not counted: {exc}")
+        try:
+            operators = graph_operators(artifact.graph_def, one_sample)
+        except (ValueError, TypeError) as exc:  # the estimates fall back to FLOPs only
+            warnings.append(f"operators not read, the estimates are FLOPs only: {exc}")
 
     info: dict[str, Any] = {"latency_ms": latency, "batch_size": batch, "threads": threads,
                             "threads_matrix": matrix, "precision": precision, "flops": flops,

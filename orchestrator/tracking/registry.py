@@ -15,7 +15,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -254,9 +254,14 @@ def gate_check(report: Mapping[str, Any], target: Target, device: Any) -> Target
                                                "(the recipe's targets changed: run it again)"])
     variant = {**variant, "ram_bytes": variant.get("ram_bytes", variant["size_bytes"]),
                "ram_source": variant.get("ram_source", "model size")}
-    # the report's model: FLOPs plus the runtime's cost the version's benchmark measured
+    # the report's model: the operators the version's benchmark recorded, priced anew
     made = estimate(variant.get("flops"), device, variant.get("precision") or "float32",
                     variant.get("estimate_basis"))
+    # scaled as the run scaled it where the target's board calibrated the device
+    factor = ((variant.get("targets") or {}).get(target.name) or {}).get(
+        "estimate", {}).get("board_factor")
+    if made is not None and isinstance(factor, int | float) and factor > 0:
+        made = replace(made, latency_ms=made.latency_ms * factor)
     est = None if made is None else round(made.latency_ms, 4)
     return TargetCheck(target.name, name, check_budgets(variant, target.budgets, est, device))
 

@@ -35,12 +35,9 @@ def op(kind: str, flops: int = 0, elements: int = 0, bytes_: int = 0, name: str 
 
 
 def compute_ms(operator: Operator, device: object = PI4, threads: int = 1) -> float:
-    """The op's time without dispatch (the sync of a multi-thread run taken off)."""
-    cal = calibration()
+    """The op's kernel time: no dispatch, no threads' barrier."""
     pricing = price([operator], device, XNN, threads=threads, dispatch_ms=0.0)  # type: ignore[arg-type]
-    sync_ms = cal.sync_cycles / (device_row(device, threads).ghz * 1e9) * 1e3 \
-        if threads > 1 else 0.0  # type: ignore[arg-type]
-    return pricing.total_ms - sync_ms
+    return pricing.kernel_ms
 
 
 def test_a_depthwise_costs_more_than_a_1x1_of_the_same_work_by_the_fitted_ratio() -> None:
@@ -82,9 +79,13 @@ def test_threads_speed_a_big_op_by_the_cores_and_a_tiny_one_hardly() -> None:
     assert tiny_gain == pytest.approx(
         1 + (full - 1) * tiny_work / (tiny_work + cal.parallel_work), rel=1e-9)
     assert tiny_gain - 1 < (gain - 1) / 10  # a tenth of the big op's gain at most
-    # with the threads' barrier, four threads run a tiny op slower than one
-    assert price([tiny], PI4, XNN, threads=4).total_ms > price([tiny], PI4, XNN,
-                                                                threads=1).total_ms
+    # its barrier is as small as its split: four threads run it about as fast as one
+    four, one = (price([tiny], PI4, XNN, threads=n).total_ms for n in (4, 1))
+    dispatch_ms, barrier_ms = (cycles / 1.5e9 * 1e3 for cycles in (cal.dispatch_cycles,
+                                                                   cal.sync_cycles))
+    assert four == pytest.approx(compute_ms(tiny, threads=4) + dispatch_ms + barrier_ms
+                                 * tiny_work / (tiny_work + cal.parallel_work), rel=1e-6)
+    assert abs(four / one - 1) < 0.1
     # the default: the big cores (all four of a Pi 4)
     assert price([big], PI4, XNN).threads == PI4.default_threads == 4
 
@@ -145,9 +146,11 @@ def test_the_costliest_ops_and_the_kinds_add_up_to_the_total() -> None:
                                                            reverse=True)[:5]
     assert sum(o.ms for o in pricing.ops) == pytest.approx(pricing.total_ms)
     assert sum(o.share for o in pricing.ops) == pytest.approx(1.0)
-    kinds = pricing.by_kind()
+    kinds = pricing.by_kind()  # kernel time: the dispatch and barriers are the runtime's
     assert set(kinds) == {o.kind for o in operators}
-    assert sum(kinds.values()) == pytest.approx(pricing.total_ms)
+    assert sum(kinds.values()) == pytest.approx(pricing.kernel_ms)
+    assert sum(o.kernel_ms for o in pricing.ops) == pytest.approx(pricing.kernel_ms)
+    assert all(o.kernel_ms < o.ms for o in pricing.ops)
     assert list(kinds.values()) == sorted(kinds.values(), reverse=True)
     # a reshape moves nothing: only its dispatch (and the threads' barrier)
     reshape = next(o for o in pricing.ops if o.kind == "reshape")

@@ -119,9 +119,8 @@ def test_estimates_per_target_and_peak_memory() -> None:
     assert result.info["precision"] == "float32"
     made = result.info["estimate"]["pi"]
     basis = result.info["estimate_basis"]
-    # the kernels' time: every op's cost by kind, less its dispatch
-    assert made["compute_ms"] == pytest.approx(
-        sum(made["by_kind_ms"].values()) - made["ops"] * made["per_op_ms"], abs=1e-5)
+    # the kernels' time: every op's kernel by kind (dispatch and barriers are overhead)
+    assert made["compute_ms"] == pytest.approx(sum(made["by_kind_ms"].values()), abs=1e-5)
     assert made["top_ops"][0]["ms"] >= made["top_ops"][-1]["ms"] > 0
     assert {op["op"] for op in made["top_ops"]} == {"MatMul", "Const", "Placeholder"}
     assert result.info["est_latency_ms"]["pi"] == pytest.approx(
