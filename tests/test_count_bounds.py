@@ -161,6 +161,16 @@ RECIPE_CASES = {
     ("targets", "device", "cores"): (
         "targets:\n  - name: t\n    device: {flops_per_second: 1.0e+9, ram_mb: 64,\n"
         "             cores: {v}}\n", "targets.0.device.cores", "cores"),
+    ("targets", "threads"): (
+        "targets:\n  - name: t\n    device: raspberry-pi-4\n    threads: {v}\n",
+        "targets.0.threads", "threads"),
+    ("targets", "device", "threads"): (
+        "targets:\n  - name: t\n    device: {flops_per_second: 1.0e+9, ram_mb: 64, cores: 4,\n"
+        "             threads: {v}}\n", "targets.0.device.threads", "cores"),
+    ("targets", "device", "clusters", "count"): (
+        "targets:\n  - name: t\n    device: {flops_per_second: 1.0e+9, ram_mb: 64, cores: 4,\n"
+        "             clusters: [{core: a, ghz: 1, fp32_flops_per_cycle: 8,\n"
+        "                         count: {v}}]}\n", "targets.0.device.clusters.0.count", "cores"),
     ("tune", "max_trials"): ("tune:\n  max_trials: {v}\n", "tune.max_trials", "trials"),
     ("tune", "timeout_s"): ("tune:\n  timeout_s: {v}\n", "tune.timeout_s", "timeout_s"),
     ("execution", "workers"): ("execution:\n  executor: dask\n  workers: {v}\n",

@@ -6,15 +6,16 @@ take to move where that is longer; plus each op's dispatch; for the threads it r
                    / (core peak x efficiency[precision][kind] x runtime factor
                       x the op's thread speedup),
                    bytes / (DRAM bandwidth x bandwidth efficiency))
-               + dispatch (+ a thread barrier per op when threads > 1)
-    core peak = clock x float32 FLOPs per cycle x the core class's factor
-                (x 2 for int8, x the dot-product gain where the core has SDOT)
+               + dispatch (+ a thread barrier when threads > 1, as far as the op splits)
+    core peak = clock x float32 FLOPs per cycle x the core class's and design's factors
+                (x int8's gain for int8 and dynamic range, x the dot-product gain where
+                the core has SDOT)
     thread speedup = 1 + parallel efficiency x (sum of the cores' speeds / the first's - 1)
                      (an op gets work / (work + parallel work) of it: small ops barely split)
 
 Work is the op's FLOPs (2 per multiply-add) for convolutions, matmuls and pooling, and its
-output elements for elementwise kinds. The efficiencies, class factors, dispatch cost,
-parallel and bandwidth efficiencies are fitted per kind of op on published measurements
+output elements for elementwise kinds. The efficiencies, class and design factors, dispatch
+cost, parallel and bandwidth efficiencies are fitted per kind of op on published measurements
 (benchmarks/estimates.py writes latency_calibration.json beside this module), never per
 model: the fit sees MobileNet's depthwise layers and Inception's 3x3s, not "MobileNet v1 on
 a Pixel 3". A device brings only what its datasheet says (clusters, clocks, FLOPs per
@@ -75,6 +76,7 @@ class Calibration:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Calibration:
+        """The calibration from latency_calibration.json (fields it lacks: the defaults)."""
         return cls(**{key: data[key] for key in cls.__dataclass_fields__ if key in data})
 
     def to_json(self) -> dict[str, Any]:
@@ -282,10 +284,16 @@ def _why(op: Operator, compute_s: float, memory_s: float) -> str:
     return f"{KINDS.get(op.kind, op.kind)}{shape}: its dispatch"
 
 
+# name scopes TF gives inside a layer: the layer's own name is the part before them
+_GENERIC_SCOPES = {"batchnorm", "convolution", "depthwise", "BiasAdd", "MatMul"}
+
+
 def short_name(name: str) -> str:
     """A fused op's readable name: its first part's layer (`conv_pw_1_relu/Relu6` ->
     `conv_pw_1_relu`), not TF's `a;b;c` join of every fused node."""
     first = name.split(";")[0]
     parts = [p for p in first.split("/") if p]
+    if len(parts) >= 3 and parts[-2] in _GENERIC_SCOPES:  # bn1/batchnorm/mul_1: keep bn1
+        return "/".join(parts[-3:])
     return parts[-2] if len(parts) >= 2 and len(parts[-1]) <= 12 else (parts[-1] if parts
                                                                        else name)

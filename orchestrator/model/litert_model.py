@@ -287,7 +287,8 @@ def _op_flops(name: str, op: Any, shapes: Shapes) -> int:
     inputs = [int(i) for i in op.inputs]
     out = _elements(shapes, int(op.outputs[0])) if len(op.outputs) else 0
     bias = out if len(inputs) > 2 and inputs[2] >= 0 else 0
-    if name in ("CONV_2D", "DEPTHWISE_CONV_2D") and len(inputs) > 1:
+    if name in ("CONV_2D", "DEPTHWISE_CONV_2D") and len(inputs) > 1 \
+            and len(shapes.get(inputs[1], ())) == 4:
         filt = [max(int(d), 1) for d in shapes[inputs[1]]]  # [out,h,w,in] / [1,h,w,out]
         per_output = filt[1] * filt[2] * (filt[3] if name == "CONV_2D" else 1)
         return 2 * out * per_output + bias
@@ -343,7 +344,9 @@ _TENSOR_TYPES = {0: ("float32", 4), 1: ("float16", 2), 2: ("int32", 4), 3: ("uin
 # builtin op -> the kind of kernel it runs on (orchestrator.model.operators.KINDS); CONV_2D
 # is split into 1x1 and KxK by its filter
 _KIND_OF = {
-    "DEPTHWISE_CONV_2D": "depthwise", "TRANSPOSE_CONV": "conv", "CONV_3D": "conv",
+    # a transposed or 3-D convolution: no FLOPs counted for it (the profiler's graph has
+    # none either), so priced as an op of no modelled kind, by its elements
+    "DEPTHWISE_CONV_2D": "depthwise", "TRANSPOSE_CONV": "other", "CONV_3D": "other",
     "FULLY_CONNECTED": "fully_connected", "BATCH_MATMUL": "fully_connected",
     "AVERAGE_POOL_2D": "pool", "MAX_POOL_2D": "pool", "L2_POOL_2D": "pool", "MEAN": "pool",
     "SUM": "pool", "REDUCE_MAX": "pool", "REDUCE_MIN": "pool", "ARG_MAX": "pool",
@@ -389,12 +392,12 @@ def operators(data: bytes) -> list[Operator]:
         out = _elements(shapes, outputs[0]) if outputs else 0
         kind = _KIND_OF.get(name, "elementwise" if name in _ELEMENTWISE else "other")
         detail = ""
-        if name == "CONV_2D" and len(inputs) > 1:
-            filt = [max(int(d), 1) for d in shapes[inputs[1]]]  # [out, h, w, in]
+        filt = ([max(int(d), 1) for d in shapes.get(inputs[1], ())] if len(inputs) > 1
+                else [])
+        if name == "CONV_2D" and len(filt) == 4:  # [out, h, w, in]
             kind = conv_kind(filt[1], filt[2])
             detail = _conv_detail(op, filt[1], filt[2], filt[3], filt[0], shapes, outputs)
-        elif name == "DEPTHWISE_CONV_2D" and len(inputs) > 1:
-            filt = [max(int(d), 1) for d in shapes[inputs[1]]]  # [1, h, w, out]
+        elif name == "DEPTHWISE_CONV_2D" and len(filt) == 4:  # [1, h, w, out]
             detail = _conv_detail(op, filt[1], filt[2], filt[3], filt[3], shapes, outputs)
         elif kind == "fully_connected" and len(inputs) > 1:
             detail = f"{_elements(shapes, inputs[1])} weights"

@@ -56,6 +56,7 @@ class Operator:
 
     @classmethod
     def from_row(cls, row: Any) -> Operator:
+        """An operator from its compact row (`to_row`) or its JSON mapping."""
         if isinstance(row, dict):
             return cls(**row)
         return cls(*row)
@@ -65,6 +66,8 @@ class Operator:
 
 
 def conv_kind(kernel_h: int, kernel_w: int) -> str:
+    """A dense convolution's kind by its kernel: a 1x1 is a GEMM over pixels, a KxK needs
+    its patches gathered first."""
     return "conv_1x1" if kernel_h == 1 and kernel_w == 1 else "conv"
 
 

@@ -1,15 +1,15 @@
-"""The device catalogue: what a target can do, and FLOPs-only latency estimates.
+"""The device catalogue: what a target's CPU is (its clusters: cores, clocks, FLOPs per
+cycle, dot product), its DRAM bandwidth and RAM, the threads a model runs with, and where
+each figure comes from (`sources`; `orchestrator devices NAME` prints them).
 
 Light on purpose (pydantic only): recipe validation imports it, and must stay fast.
 
-`estimate_latency_ms` is the classic rule of thumb from "Optimizing for mobile": divide the
-model's FLOPs by what the device sustains per second. FLOPs follow benchmark_model's and the
-v1 profiler's convention, 2 per multiply-add, which is also the convention of the per-device
-figures below. It cannot see a runtime's own cost per run and per op (a TF session's is far
-above LiteRT's), so the report's estimates come from orchestrator.measure.estimates, which adds that
-cost as measured on this host and scaled by `core_flops_per_second`; this FLOPs-only figure
-is their fallback where nothing was measured. Either is an estimate, to rank variants and
-catch budget breaks early; measure on the device before shipping.
+The report's estimates price a file's operators on these clusters
+(orchestrator.measure.cost_model and estimates). `flops_per_second` and
+`precision_factors` serve only the FLOPs-only fallback, for a file whose operators were
+not recorded (`estimate_latency_ms`: FLOPs / what the device sustains per second, 2 FLOPs
+per multiply-add as benchmark_model and TF's v1 profiler count). Either is an estimate, to
+rank variants and catch budget breaks early; measure on the device before shipping.
 
 Sources of the catalogue's figures (cited per preset below):
 - SPEC: the project's specification (20 / 10 / 5 GFLOP/s for a 2016 phone, a modern phone,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import platform
 import shutil
 from pathlib import Path
 
@@ -71,24 +70,22 @@ def test_report_has_every_spec_field(digits_run: dict) -> None:
     for target in ("phone", "pi"):
         graph = report["variants"]["int8"]["targets"][target]
         lite = report["variants"]["litert_int8"]["targets"][target]
-        assert graph["estimate"]["compute_ms"] == pytest.approx(lite["estimate"]["compute_ms"],
-                                                                rel=0.01)
+        # the same ops' work, at a TF session's 8-bit kernels' rates against XNNPACK's
+        made, quick = graph["estimate"], lite["estimate"]
+        assert made["priced_as"] == "tensorflow" and quick["priced_as"] == "litert-xnnpack"
+        assert made["compute_ms"] > quick["compute_ms"]
         assert graph["est_latency_ms"] > lite["est_latency_ms"]
-        # a 2016 phone and a Pi 3 are slower than this host on both counts: never estimated
-        # below this host's compute plus the overhead the estimate kept
-        made, basis = graph["estimate"], report["variants"]["int8"]["estimate_basis"]
-        host_compute = report["variants"]["int8"]["flops"] / basis["host_flops_per_second"]
-        assert graph["est_latency_ms"] >= (host_compute * 1000.0 + made["overhead_ms"]
-                                           / made["device_slowdown"])
-        # the same graph memory-mapped: the same ops, so the same estimate where the
-        # runtime's probed cost caps both (this host's 8-bit kernel time does not count)
+        # and a TF session's cost per node and per run, probed here and scaled to the device
+        assert made["overhead_ms"] > made["fixed_ms"] > 0 and quick["fixed_ms"] == 0
+        assert made["threads"] == quick["threads"] == {"phone": 2, "pi": 4}[target]
+        # the same graph memory-mapped and encrypted: the same ops, so the same estimate
+        # (the file's own host timings do not enter it)
         mapped = report["variants"]["mobile"]["targets"][target]
         assert mapped["estimate"]["ops"] == made["ops"]
-        if platform.machine() in ("x86_64", "AMD64"):  # x86's slow classic 8-bit kernels
-            assert made["ceiling_applied"] and mapped["estimate"]["ceiling_applied"]
-        if made["ceiling_applied"] and mapped["estimate"]["ceiling_applied"]:
-            assert mapped["est_latency_ms"] == pytest.approx(graph["est_latency_ms"],
-                                                             rel=1e-3)
+        assert mapped["estimate"]["compute_ms"] == pytest.approx(made["compute_ms"], rel=1e-6)
+        # their runtime's cost is probed in the process that benchmarked each: within the
+        # probes' noise of each other
+        assert mapped["est_latency_ms"] == pytest.approx(graph["est_latency_ms"], rel=0.25)
 
 
 def test_litert_variants_beside_the_graphdef_ones(digits_run: dict) -> None:
