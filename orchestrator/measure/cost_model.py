@@ -5,7 +5,8 @@ take to move where that is longer; plus each op's dispatch; for the threads it r
     op time  = max((work + output elements x element cost[kind])
                    / (core peak x efficiency[precision][kind] x runtime factor
                       x the op's thread speedup),
-                   bytes / (DRAM bandwidth x bandwidth efficiency))
+                   bytes / (DRAM bandwidth x bandwidth efficiency) where they do not fit
+                   in the last-level cache)
                + dispatch (+ a thread barrier when threads > 1, as far as the op splits)
     core peak = clock x float32 FLOPs per cycle x the core class's and design's factors
                 (x int8's gain for int8 and dynamic range, x the dot-product gain where
@@ -37,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from orchestrator.model.operators import KINDS, PRECISIONS, Operator
-from orchestrator.spec.devices import Device
+from orchestrator.spec.devices import DEFAULT_CACHE_MB, Device
 
 __all__ = ["Calibration", "Pricing", "PricedOp", "calibration", "price", "RUNTIMES",
            "OpArrays", "DeviceRow", "device_row", "op_arrays", "seconds"]
@@ -128,6 +129,7 @@ class DeviceRow:
     core: str  # the first core's design (Cluster.microarchitecture)
     dotprod: bool
     memory_gbs: float | None
+    cache_bytes: float  # an op whose bytes fit here is not priced by the DRAM's bandwidth
     threads: int
     # the threads' cores: (raw speed against the first, core class, design), fastest first
     cores: tuple[tuple[float, str, str], ...]
@@ -149,6 +151,7 @@ def device_row(device: Device, threads: int | None = None) -> DeviceRow:
                      core_class=first.core_class, core=first.microarchitecture,
                      dotprod=first.dotprod,
                      memory_gbs=device.memory_gbs, threads=count,
+                     cache_bytes=(device.cache_mb or DEFAULT_CACHE_MB) * 1e6,
                      cores=tuple(cores[:count]))
 
 
@@ -195,8 +198,9 @@ def seconds(ops: OpArrays, row: DeviceRow, runtime: str, cal: Calibration,
     rate = (peak * efficiency[ops.precision, ops.kind] * runtime_speed[ops.precision] * gain
             * speedup)
     compute = work / rate
-    if row.memory_gbs:
-        memory = ops.bytes / (row.memory_gbs * 1e9 * cal.bandwidth_efficiency)
+    if row.memory_gbs:  # an op whose tensors stay in the cache never waits on the DRAM
+        streamed = np.where(ops.bytes > row.cache_bytes, ops.bytes, 0.0)
+        memory = streamed / (row.memory_gbs * 1e9 * cal.bandwidth_efficiency)
     else:
         memory = np.zeros_like(compute)
     dispatch = cal.dispatch_cycles / hz if dispatch_s is None else dispatch_s

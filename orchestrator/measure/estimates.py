@@ -204,7 +204,8 @@ def _priced(operators: list[Operator], device: Device, measured: Mapping[str, An
     method = (f"{format_ms(total)} on {cores}{on} {threads_text} with {RUNTIMES[priced_as]}: "
               f"{format_ms(compute)} in kernels (by kind: {kinds_text}) + {overhead_text}. "
               "Each op's work at its kind's rate on this core (fitted on published "
-              "measurements), or its bytes at the DRAM's bandwidth where that is longer"
+              "measurements), or, where its tensors do not fit in the cache, its bytes at "
+              "the DRAM's bandwidth if that is longer"
               + (f"; expected error {error['text']}" if error else ""))
     p50 = _number(measured, "host_p50_ms")
     fastest = _number(measured, "host_min_ms")

@@ -136,6 +136,10 @@ class Device(BaseModel):
     memory_gbs: PositiveFloat | None = Field(
         None, description="DRAM bandwidth, GB/s (theoretical: bus width x transfer rate): "
         "ops that move more bytes than they compute are priced by it.")
+    cache_mb: PositiveFloat | None = Field(
+        None, description="The last-level cache a model's tensors can stay in, MB: an op "
+        "whose bytes fit moves them at the cache's speed, not the DRAM's. Default: 1 MB (a "
+        "phone's or a board's L2).")
     threads: Cores | None = Field(
         None, description="Threads a model runs with. Default: the big cores. A target's "
         "`threads:` sets it.")
@@ -185,7 +189,23 @@ class Device(BaseModel):
         return self.app_ram_limit_mb or self.ram_mb
 
 
+# The last level of cache a core reaches, MB: the shared L2 or L3 (the DSU's, not a
+# system cache behind it). Sources: the MLPerf v0.5 system descriptions (HiKey 960 2 MB,
+# RK3399 1 MB big cluster, Pi 4 1 MB); Wikipedia's Kryo page (Snapdragon 820/821: 1 MB);
+# dday.it (Snapdragon 835: 2 MB); AnandTech (845: 2 MB L3; Apple A11/A12: 8 MB L2; Tensor:
+# 4 MB L3); WikiChip (855: 2 MB L3); the Pi 5 announcement (2 MB L3); NVIDIA's Orin Nano
+# datasheet (2 MB L3 per cluster); Wikipedia, Apple A16 (16 MB L2). Assumed, not found:
+# the Pi 3's 512 KB, the Snapdragon 670's and 888's, the Tensor G3's (as the G1's).
+CACHE_MB = {"phone-2016": 1.0, "pixel-xl": 1.0, "pixel-2": 2.0, "pixel-3": 2.0,
+            "pixel-3a": 1.0, "pixel-4": 2.0, "pixel-6": 4.0, "pixel-8": 4.0,
+            "phone-modern": 4.0, "iphone-8": 8.0, "iphone-xs": 8.0, "iphone-15": 16.0,
+            "raspberry-pi-3": 0.5, "raspberry-pi-4": 1.0, "raspberry-pi-5": 2.0,
+            "rk3399": 1.0, "hikey-960": 2.0, "jetson-orin-nano": 2.0, "x86-server": 32.0}
+DEFAULT_CACHE_MB = 1.0
+
+
 def _preset(**fields: Any) -> Device:
+    fields.setdefault("cache_mb", CACHE_MB.get(str(fields.get("name"))))
     clusters = fields.get("clusters")
     if clusters and "core_flops_per_second" not in fields:
         first = clusters[0]

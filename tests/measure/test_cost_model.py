@@ -113,8 +113,8 @@ def test_little_cores_add_less_than_big_ones() -> None:
 
 def test_a_huge_elementwise_add_is_priced_by_its_bytes() -> None:
     cal = calibration()
-    elements = 50_000_000
-    add = op("elementwise", elements, elements, 3 * 4 * elements, detail="1x50000000")
+    elements = 5_000_000  # an add broadcast over 600 MB: its bytes dwarf its work
+    add = op("elementwise", elements, elements, 600_000_000, detail="1x5000000")
     pricing = price([add], PI4, XNN, threads=1, dispatch_ms=0.0)
     memory_ms = add.bytes / (PI4.memory_gbs * 1e9 * cal.bandwidth_efficiency) * 1e3
     assert pricing.total_ms == pytest.approx(memory_ms, rel=1e-9)
@@ -191,3 +191,21 @@ def test_pricing_a_new_model_on_a_catalogue_device_imports_no_tensorflow() -> No
     total, latency = json.loads(done.stdout)
     here = price([Operator.from_row(r) for r in ROWS], PIXEL4, XNN).total_ms
     assert total == pytest.approx(here) and latency == pytest.approx(here)
+
+
+def test_an_op_whose_tensors_fit_in_the_cache_is_priced_by_its_compute() -> None:
+    cal = calibration()
+    cache = PI4.cache_mb * 1e6  # the Pi 4's shared L2
+    elements = 10_000
+    fits = op("elementwise", 0, elements, int(cache * 0.9), "m/add_small")
+    spills = op("elementwise", 0, elements, int(cache * 1.1), "m/add_big")
+    small, big = (price([o], PI4, XNN, threads=1).ops[0] for o in (fits, spills))
+    # in the cache: its elements at the elementwise rate, whatever its bytes
+    rate = 1.5e9 * 8 * core_speed(cal, "arm-ooo", "Cortex-A72") * cal.efficiency["float32"][
+        "elementwise"] * cal.runtime_factor[XNN].get("float32", 1.0)
+    assert small.kernel_ms == pytest.approx(elements / rate * 1e3, rel=1e-9)
+    assert "bound by memory" not in small.why
+    # past it: its bytes at the DRAM's bandwidth
+    streamed = cache * 1.1 / (PI4.memory_gbs * 1e9 * cal.bandwidth_efficiency) * 1e3
+    assert big.kernel_ms == pytest.approx(streamed, rel=1e-6)
+    assert "bound by memory" in big.why and big.kernel_ms > small.kernel_ms

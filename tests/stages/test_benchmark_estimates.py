@@ -96,7 +96,7 @@ def test_each_overhead_is_its_runtime_cost_on_the_device(benchmarked: dict[str, 
                 made["ops"] * made["per_op_ms"] + made["fixed_ms"], rel=1e-4)
             # the parts add up: kernels + overhead, and the kernels by kind
             assert made["compute_ms"] + made["overhead_ms"] == pytest.approx(
-                info["est_latency_ms"][target], rel=1e-3)
+                info["est_latency_ms"][target], rel=1e-3, abs=1e-4)  # kept to 0.1 µs
             assert sum(made["by_kind_ms"].values()) == pytest.approx(made["compute_ms"],
                                                                      rel=1e-4)
 
