@@ -30,7 +30,7 @@ from typing import Any
 
 from orchestrator.formatting import format_ms
 from orchestrator.model.operators import Operator
-from orchestrator.spec.devices import Device, core_flops_per_second
+from orchestrator.spec.devices import Device, core_flops_per_second, estimate_latency_ms
 
 __all__ = ["Estimate", "estimate", "basis", "SPREAD_WARN", "timings_spread",
            "expected_error"]
@@ -147,7 +147,7 @@ def estimate(flops: float | None, device: Device, precision: str = "float32",
     if flops is None:
         return None
     factor = device.precision_factors.get(precision, 1.0)
-    compute_ms = flops / device.flops_per_second * factor * 1000.0
+    compute_ms = estimate_latency_ms(flops, device, precision)  # the catalogue's one rule
     compute_text = (f"{format_ms(compute_ms)} compute ({_flops(flops)} at "
                     f"{_rate(device.flops_per_second)}"
                     + (f" ×{factor:g} {precision}" if factor != 1.0 else "") + ")")
