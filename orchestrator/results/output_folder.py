@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from orchestrator.engine.plan import Plan
 
 MARKER = ".orchestrator-recipe"
+WRITTEN_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"  # the marker's time of writing, to the microsecond
 # hidden working folders of a run: this one's, or another run's that is still writing
 _WORKING = (".staging-", ".old-", ".orchestrator-probe-", ".history-")
 # those a run builds and swaps its outputs with (locked while in use: remove_leftovers)
@@ -217,8 +218,8 @@ def write_marker(folder: Path, owner: Owner, final: Path | None = None) -> None:
         with open(tmp, "x") as handle:
             json.dump({"recipe": owner.name, "recipe_path": os.path.relpath(
                 owner.path, os.path.abspath(final or folder)),
-                "written": datetime.datetime.now(datetime.UTC).strftime(
-                    "%Y-%m-%dT%H:%M:%SZ")}, handle)
+                "written": datetime.datetime.now(datetime.UTC).strftime(WRITTEN_FORMAT)},
+                      handle)
             handle.write("\n")
         os.replace(tmp, folder / MARKER)
     except BaseException:
@@ -376,7 +377,8 @@ def held_by(folder: Path, run_started: datetime.datetime | None = None) -> str:
     when = _written(folder)
     if when is None:
         return f"{shown} is as it was"
-    if run_started is not None and when >= run_started.replace(microsecond=0):
+    # to the microsecond: a re-run can start within the second the last run wrote
+    if run_started is not None and when >= run_started:
         return (f"{shown} holds this run's outputs, complete (written at {when:%H:%M:%S} "
                 "UTC, before the failure)")
     return f"{shown} still holds the run of {when:%Y-%m-%d %H:%M} UTC"
@@ -387,8 +389,9 @@ def _written(folder: Path) -> datetime.datetime | None:
     time)."""
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
         written = json.loads((folder / MARKER).read_text())["written"]
-        return datetime.datetime.strptime(written, "%Y-%m-%dT%H:%M:%SZ").replace(
-            tzinfo=datetime.UTC)
+        for form in (WRITTEN_FORMAT, "%Y-%m-%dT%H:%M:%SZ"):  # the second: earlier markers
+            with contextlib.suppress(ValueError):
+                return datetime.datetime.strptime(written, form).replace(tzinfo=datetime.UTC)
     with contextlib.suppress(OSError):
         return datetime.datetime.fromtimestamp((folder / "report.json").stat().st_mtime,
                                                datetime.UTC)

@@ -235,7 +235,13 @@ def test_a_failed_run_leaves_its_folder_as_it_was(tmp_path: Path,
     import fcntl
     import os
 
-    from orchestrator.results.output_folder import held_by, read_owner, remove_leftovers, replacing
+    from orchestrator.results.output_folder import (
+        WRITTEN_FORMAT,
+        held_by,
+        read_owner,
+        remove_leftovers,
+        replacing,
+    )
 
     monkeypatch.chdir(tmp_path)  # held_by names a folder relative to the working directory
 
@@ -246,8 +252,10 @@ def test_a_failed_run_leaves_its_folder_as_it_was(tmp_path: Path,
     assert held_by(out).endswith(" UTC")
     # a run that failed after its outputs were in (a server lost as its flow ended): its own
     written = datetime.datetime.strptime(json.loads((out / MARKER).read_text())["written"],
-                                         "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+                                         WRITTEN_FORMAT).replace(tzinfo=datetime.UTC)
     assert held_by(out, written).startswith("out holds this run's outputs, complete")
+    # a re-run that started within the same second, after the last run wrote: not its own
+    assert "still holds" in held_by(out, written + datetime.timedelta(microseconds=1))
     assert "still holds" in held_by(out, written + datetime.timedelta(seconds=1))
     for error in (RuntimeError("recording the run failed"), KeyboardInterrupt()):
         with pytest.raises(type(error)), replacing(out, owner) as built:
