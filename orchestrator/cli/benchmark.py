@@ -108,12 +108,12 @@ def parse_devices(values: Sequence[str]) -> dict[str, Any]:
 
     devices: dict[str, Any] = {}
     for value in values:
-        name, _, count = value.partition(":")
+        name, colon, count = value.partition(":")
         try:
             device = resolve_device(name.strip())
         except ValueError as exc:
             raise UsageError(f"--device {value!r}: {exc}") from None
-        if count:
+        if colon:  # `NAME:` with no count is a typo, not the default threads
             if not count.strip().isdigit() or int(count) < 1:
                 raise UsageError(f"--device {value!r}: threads {count!r} is not a whole "
                                  "number of at least 1 (NAME:THREADS, e.g. pixel-4:1)")

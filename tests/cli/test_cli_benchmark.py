@@ -439,6 +439,9 @@ BAD = {
     "device: threads not a number": (
         lambda m, t: [str(m["model.pb"]), "--device", "pixel-4:two"],
         ["--device 'pixel-4:two'", "NAME:THREADS"]),
+    "device: a colon with no threads": (
+        lambda m, t: [str(m["model.pb"]), "--device", "pixel-4:"],
+        ["--device 'pixel-4:'", "threads '' is not a whole number", "NAME:THREADS"]),
     "device: with --on": (lambda m, t: [str(m["model.tflite"]), "--device", "pixel-4",
                                         "--on", "ssh://nobody@127.0.0.1:1"],
                           ["--device", "--on", "give one of them"]),
