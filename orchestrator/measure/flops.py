@@ -66,14 +66,11 @@ def _shape(graph: Any, name: str) -> list[int] | None:
 def _quantized_flops(graph: Any) -> int:
     """The profiler registers no Quantized* ops: count them with the float formulas of
     tensorflow/python/profiler/internal/flops_registry.py and nn_ops.py."""
-    import tensorflow as tf
-
     total = 0
     for op in graph.get_operations():
         # a bias added in a conv/matmul's accumulator (orchestrator.quant.integer_bias) is an
-        # int32 add ending in a Bitcast to qint32: one operation per output element
-        fused_bias = op.type == "Bitcast" and op.get_attr("type") == tf.qint32
-        if not op.type.startswith("Quantized") and not fused_bias:
+        # int32 AddV2 between two Bitcasts: the profiler counts it as it counts any AddV2
+        if not op.type.startswith("Quantized"):
             continue
         out = _shape(graph, op.name)
         if out is None:
@@ -93,6 +90,6 @@ def _quantized_flops(graph: Any) -> int:
                 total += out_count * k * 2
         elif op.type in ("QuantizedAvgPool", "QuantizedMaxPool"):
             total += out_count * int(np.prod(op.get_attr("ksize")))
-        elif fused_bias or op.type in ("QuantizedBiasAdd", "QuantizedMul", "QuantizedAdd"):
+        elif op.type in ("QuantizedBiasAdd", "QuantizedMul", "QuantizedAdd"):
             total += out_count  # one operation per output element, as BiasAdd/Mul/AddV2
     return total

@@ -75,6 +75,31 @@ def test_flops_of_a_matmul_are_2mkn_at_batch_one() -> None:
     assert count_flops(matmul_artifact().graph_def, {"x": (5, K)}) == 2 * 5 * K * N
 
 
+def test_a_bias_in_the_int8_accumulator_is_counted_once() -> None:
+    """quantize_nodes adds a matmul's bias in its int32 accumulator (quant.integer_bias:
+    Bitcast, AddV2, Bitcast): its N adds count once, as the float graph's BiasAdd."""
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [1, K], name="x")
+        w = tf.constant(np.linspace(-1, 1, K * N, dtype=np.float32).reshape(K, N))
+        tf.nn.bias_add(tf.matmul(x, w), tf.constant(np.linspace(0, 1, N, dtype=np.float32)),
+                       name="y")
+    artifact = ModelArtifact(graph_def=graph.as_graph_def(),
+                             inputs=(TensorSpec("x", "float32", (1, K)),), outputs=("y",))
+    stage = get_stage("quantize_nodes")
+    quantized = stage.run(artifact, stage.params(),
+                          StageContext(pipeline="int8", stage="quantize_nodes")).artifact
+    nodes = [n.op for n in quantized.graph_def.node]
+    assert "QuantizedMatMul" in nodes and nodes.count("Bitcast") == 2, nodes
+    floated, counted = count_flops(artifact.graph_def, {}), count_flops(quantized.graph_def, {})
+    assert floated == 2 * K * N + N
+    # beyond them, the bias in accumulator steps (N divisions each run, as the step is the
+    # accumulator's range) and the range's span (1), not N more adds for the Bitcast
+    assert counted == floated + N + 1, (floated, counted)
+
+
 def test_quantized_graph_counts_the_same_flops() -> None:
     from orchestrator.model.tf_adapter import transform_graph
 
