@@ -26,7 +26,12 @@ from orchestrator.guard.trials import GuardResult
 from orchestrator.measure.budgets import MB, broken_kinds, check_budgets
 from orchestrator.model import kinds
 from orchestrator.results.board_figures import print_board_table
-from orchestrator.results.selection import ESTIMATE_TIE, select, selection_reasons
+from orchestrator.results.selection import (
+    ESTIMATE_TIE,
+    select,
+    selection_reasons,
+    timed_beside,
+)
 
 
 def _merged(outcomes: list[NodeOutcome]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -251,6 +256,9 @@ def build_report(plan: Plan, data: RunData, outcomes: Mapping[str, NodeOutcome],
     for variant in built.values():  # which budgets broke: the cells the report marks
         for result in variant["targets"].values():
             result["broken"] = broken_kinds(result["violations"])
+    # host timings a parallel runner took beside other stages: selection does not compare them
+    for name, stages in timed_beside(built).items():
+        built[name]["timed_beside"] = stages
     selected = select(built, [t.name for t in plan.recipe.recipe.targets])
     return {"recipe": plan.recipe.recipe.name,
             "recipe_path": str(plan.recipe.path),
@@ -281,7 +289,7 @@ def selection_basis(variants: Mapping[str, Mapping[str, Any]], target_names: lis
         emulated = any((r.get("measured") or {}).get("emulated") for r in results.values())
         latency = (f"latency measured on the board for {', '.join(timed)}" + (
             ", estimated for the others" if len(timed) < len(results) else "")
-            if timed else "latency estimated from FLOPs" + (
+            if timed else "latency estimated op by op for the device" + (
                 " (the emulated board's timings measure qemu, not the core)"
                 if emulated else ""))
         accuracy = (f"accuracy measured on the board{' (emulated)' if emulated else ''} for "

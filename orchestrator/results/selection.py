@@ -9,10 +9,12 @@ Per target, among the variants that meet every budget:
    both measurements: the larger of the two's median run over its fastest, at least
    NOISE_FLOOR (not the coefficient of variation: one preempted run among fifty pushes
    that over 1). Each file's fastest timed run is compared (its p50 where no run is
-   recorded): other processes only ever add time, so a loaded host, or a stage running
-   beside the benchmark on a parallel runner, moves a p50 by far more than its own runs'
-   spread says, and the fastest run hardly. Within the noise (or where a variant has no
-   host measurement) it is a tie;
+   recorded): other processes only ever add time, so a loaded host moves a p50 by far more
+   than its own runs' spread says, and the fastest run hardly. Timings this run took while
+   another of its stages ran (a parallel runner: `timed_beside`) are not compared: that
+   stage shares the cores, and on a runner of threads the interpreter, for the whole
+   window, so every run is slowed, the fastest too. Within the noise (or where a variant
+   has no comparable host measurement) it is a tie;
 3. a tie is broken by a stable rule, the same on every run: the smaller file, then the
    simpler kind (KIND_ORDER), then recipe order.
 
@@ -83,8 +85,40 @@ def _tag(variant: Mapping[str, Any], target: str) -> str:
     return "est." if basis == "estimated" else "measured"
 
 
+def timed_beside(variants: Mapping[str, Mapping[str, Any]]) -> dict[str, list[str]]:
+    """Per variant whose host timing (its benchmark stage) this run took while another of
+    the run's stages ran, those stages ("<variant> › <stage>"), from the stages' start and
+    end (report.json's `stages`); a stage taken from the cache ran in no window of this
+    run."""
+    def window(stage: Mapping[str, Any]) -> tuple[str, float, float] | None:
+        if stage.get("cached") or stage.get("started") is None:
+            return None
+        return str(stage["name"]), float(stage["started"]), float(stage["finished"])
+
+    ran: dict[tuple[str, float, float], str] = {}  # a parent's stage: once, under its first
+    for name, variant in variants.items():
+        for stage in variant.get("stages") or []:
+            if (span := window(stage)) is not None:
+                ran.setdefault(span, name)
+    found: dict[str, list[str]] = {}
+    for name, variant in variants.items():
+        for stage in variant.get("stages") or []:
+            timed = window(stage)
+            if timed is None or timed[0] != "benchmark":
+                continue
+            beside = sorted(f"{where} › {other}" for (other, start, end), where in ran.items()
+                            if (other, start, end) != timed and start < timed[2]
+                            and timed[1] < end)
+            if beside:
+                found[name] = beside
+    return found
+
+
 def _measured(variant: Mapping[str, Any]) -> float:
-    """The host timing selection compares: the fastest timed run, else the p50."""
+    """The host timing selection compares: the fastest timed run, else the p50; none where
+    this run took it beside another stage (`timed_beside`)."""
+    if variant.get("timed_beside"):
+        return float("inf")
     timings = variant.get("latency_ms") or {}
     value = timings.get("min", timings.get("p50"))
     return float("inf") if value is None else float(value)
@@ -245,18 +279,22 @@ def _tie_words(name: str, ok: Mapping[str, Mapping[str, Any]], decision: _Decisi
     """The tie among `decision.tied` and how the stable rule broke it for `name`."""
     rivals = [n for n in decision.tied if n != name]
     timed = [n for n in [name, *rivals] if math.isfinite(_measured(ok[n]))]
+    beside = [n for n in [name, *rivals] if ok[n].get("timed_beside")]
     if len(timed) >= 2:
         noise = max(host_noise(ok[a], ok[b]) for a in timed for b in timed if a != b)
         host = (f"this host's timings ({_what(ok[name])}: " + ", ".join(
             f"{n} {format_ms(_measured(ok[n]))}" for n in timed)
                 + f") are within the {noise:.0%} noise of their runs")
-        unmeasured = [n for n in decision.tied if n not in timed]
+        unmeasured = [n for n in decision.tied if n not in timed and n not in beside]
         if unmeasured:
             host += f"; {', '.join(unmeasured)} not measured on this host"
     elif timed:
-        host = f"only {timed[0]} measured on this host"
+        host = f"only {timed[0]} {'timed alone' if beside else 'measured'} on this host"
     else:
-        host = "none measured on this host"
+        host = "no host timing to compare" if beside else "none measured on this host"
+    if beside:
+        host += (f"; {' and '.join(beside)} timed while other stages ran on a parallel "
+                 "runner, not compared")
     broken = " and ".join(_broken_words(name, ok, decision))
     return f"a tie ({host}), broken by {broken}"
 
@@ -333,6 +371,8 @@ def _other_reason(name: str, ok: Mapping[str, Mapping[str, Any]], target: str,
     if math.isfinite(measured) and math.isfinite(best_measured):
         host_mine, host_theirs = _ms_pair(measured, best_measured)
         host = f"; host {_what(variant)} {host_mine} vs {host_theirs}, within noise"
+    elif variant.get("timed_beside") or best.get("timed_beside"):
+        host = "; host timings taken while other stages ran on a parallel runner, not compared"
     return (f"meets every budget, a tie with {chosen} (estimated latency {mine} vs "
             f"{theirs}{host}), but {lost}")
 

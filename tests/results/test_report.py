@@ -269,3 +269,49 @@ def test_one_preempted_run_does_not_make_a_tie() -> None:
               "b": timed(800, 1.2, 0.1, 0.30, 0.45, 0.3)}
     assert select(slowed, ["t"]) == {"t": "b"}
     assert "broken by the smaller file" in selection_reasons(slowed, {"t": "b"})["t"]["b"]
+
+
+def _stages(*spans: tuple[str, float, float], cached: bool = False) -> list[dict]:
+    return [{"name": name, "seconds": end - start, "cached": cached, "started": start,
+             "finished": end} for name, start, end in spans]
+
+
+def test_host_timings_taken_beside_another_stage_are_not_compared() -> None:
+    """A parallel runner (dask, threads) timed `folded` while `int8`'s quantize ran: its
+    fastest run doubled (the CI failure: 409 µs against 177 µs alone). Those timings do
+    not decide; the stable rule does, as on the sequential run whose timings agree."""
+    from orchestrator.results.selection import timed_beside
+
+    def run(folded_fastest: float, parallel: bool) -> dict:
+        shift = 0.0 if parallel else 10.0  # sequential: int8's quantize after the benchmarks
+        variants = {"stripped": variant(1_085_084, 2.25, p50=0.26),
+                    "folded": variant(1_076_843, 2.05, p50=folded_fastest),
+                    "int8": variant(300_000, 9.0, ok=False)}
+        variants["stripped"]["stages"] = _stages(("strip", 0.0, 1.0), ("benchmark", 1.0, 2.0))
+        variants["folded"]["stages"] = _stages(("strip", 0.0, 1.0), ("fold", 2.0, 3.0),
+                                               ("benchmark", 3.0, 4.0))
+        variants["int8"]["stages"] = _stages(("strip", 0.0, 1.0),
+                                             ("quantize_nodes", 2.5 + shift, 5.0 + shift))
+        for name, stages in timed_beside(variants).items():
+            variants[name]["timed_beside"] = stages
+        return variants
+
+    parallel = run(0.41, parallel=True)
+    # the shared parent (strip) is one stage, not beside itself; stripped ran alone
+    assert timed_beside(parallel) == {"folded": ["int8 › quantize_nodes"]}
+    assert select(parallel, ["t"]) == {"t": "folded"}  # the smaller file, not the timing
+    why = selection_reasons(parallel, {"t": "folded"})["t"]
+    assert ("a tie (only stripped timed alone on this host; folded timed while other stages "
+            "ran on a parallel runner, not compared)") in why["folded"], why["folded"]
+    assert why["folded"].endswith("broken by the smaller file (1.027 MiB vs stripped's "
+                                  "1.035 MiB)")
+    assert why["stripped"].startswith("meets every budget, a tie with folded")
+    assert "not compared" in why["stripped"] and "larger" in why["stripped"]
+    # the same timings on a sequential run decide, and the other way
+    sequential = run(0.41, parallel=False)
+    assert timed_beside(sequential) == {}
+    assert select(sequential, ["t"]) == {"t": "stripped"}
+    # stages from the cache ran in no window of this run
+    cached = run(0.41, parallel=True)
+    cached["int8"]["stages"] = _stages(("quantize_nodes", 2.5, 5.0), cached=True)
+    assert timed_beside(cached) == {}
