@@ -113,10 +113,13 @@ CLASS_WORDS = {"arm-ooo": "out-of-order Arm cores", "arm-in-order": "in-order Ar
                "apple": "Apple cores", "x86": "x86 cores"}
 
 
-def expected_error(device: Device) -> dict[str, Any] | None:
+def expected_error(device: Device, unmeasured: str | None = None) -> dict[str, Any] | None:
     """How far the benchmark found estimates off on published devices of this device's
     class of core (leave-one-device-out), with the words the report shows; where no
-    published row ran on its class (x86), the figure over every device, and it says so."""
+    published row ran on its class (x86), the figure over every device, and it says so.
+    `unmeasured`: what this estimate prices that no published row ran (a TF session, int16
+    reference kernels): its error is then not known, and the words say so first (the
+    LiteRT figure after them, as a floor, never as the estimate's own)."""
     from orchestrator.measure.cost_model import calibration
 
     core_class = device.cpu_clusters[0].core_class
@@ -129,12 +132,24 @@ def expected_error(device: Device) -> dict[str, Any] | None:
     if not figures or not figures.get("rows"):
         return None
     factor = float(figures["p80_factor"])
-    return {**figures, "class": core_class,
-            "short": f"within {factor:.2f}x",
-            "text": f"within {factor:.2f}x of the published figure for 4 in 5 rows on "
-                    f"{scope} (median error {figures['median_factor']:.2f}x over "
-                    f"{figures['rows']} rows, each device left out of the fit; "
-                    "benchmarks/estimates.py)"}
+    litert = (f"within {factor:.2f}x of the published figure for 4 in 5 rows on {scope} "
+              f"(median error {figures['median_factor']:.2f}x over {figures['rows']} rows, "
+              "each device left out of the fit; benchmarks/estimates.py)")
+    if unmeasured:
+        return {**figures, "class": core_class, "unmeasured": unmeasured,
+                "short": f"not measured for {unmeasured}",
+                "text": f"not measured: no published row ran {unmeasured} (LiteRT's "
+                        f"estimates are {litert}; expect more here)"}
+    return {**figures, "class": core_class, "short": f"within {factor:.2f}x", "text": litert}
+
+
+def unmeasured_by_the_benchmark(operators: list[Operator], priced_as: str) -> str | None:
+    """What these operators run on that no published row of the calibration measured."""
+    if priced_as == "tensorflow":
+        return "a TF session (a GraphDef)"
+    if any(o.precision == "int16" for o in operators):
+        return "int16 activations (reference kernels)"
+    return None
 
 
 def estimate(flops: float | None, device: Device, precision: str = "float32",
@@ -179,7 +194,7 @@ def _priced(operators: list[Operator], device: Device, measured: Mapping[str, An
     overhead = total - compute  # dispatch and the threads' barriers, and a session's run
     per_op_ms = (pricing.total_ms - compute) / ops if ops else 0.0
     threads_from = "target" if device.threads else "big cores"
-    error = expected_error(device)
+    error = expected_error(device, unmeasured_by_the_benchmark(operators, priced_as))
     top = [{"name": o.name, "op": o.op, "kind": o.kind, "precision": o.precision,
             # of the whole estimate, a TF session's cost per run included
             "ms": o.ms, "share": o.ms / total if total else 0.0, "why": o.why}

@@ -137,7 +137,8 @@ def method_rows(report: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "host": format_ms((variant.get("latency_ms") or {}).get("p50")),
                 "below_host": below_host(variant, target),
                 "how": how, "method": made["method"],
-                "expected_error": (f"{float(error['p80_factor']):.2f}x"
+                "expected_error": ("not measured" if error.get("unmeasured")
+                                   else f"{float(error['p80_factor']):.2f}x"
                                    if error.get("p80_factor") else ""),
                 "expected_error_text": error.get("text", ""),
                 "top_ops": [{**op, "ms": format_ms(op.get("ms")),

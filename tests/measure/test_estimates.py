@@ -135,6 +135,11 @@ def test_a_tf_sessions_overhead_is_its_probed_cost_scaled_to_the_device() -> Non
     assert made.latency_ms == pytest.approx(pricing.total_ms + fixed * slowdown)
     assert made.compute_ms + made.overhead_ms == pytest.approx(made.latency_ms)
     assert made.priced_as == "tensorflow" and made.runtime == "tensorflow"
+    # no published row ran a TF session: its error is not claimed from LiteRT's rows
+    assert made.expected_error is not None and made.expected_error["text"].startswith(
+        "not measured: no published row ran a TF session")
+    assert "expected error: not measured for a TF session" in made.summary
+    assert "within" not in made.expected_error["short"]
     for words in (f"{ops} graph nodes", "probed on this host", "per run", "TF session"):
         assert words in made.method, (words, made.method)
     # a slower core: the same probe, ten times the overhead
@@ -191,3 +196,22 @@ def test_catalogue_core_speeds() -> None:
         assert device.cpu, name  # named in each estimate's explanation
         # one core's peak is at least its share of the sustained all-core figure
         assert core_flops_per_second(device) >= device.flops_per_second / device.cores, name
+
+
+def test_int16_activations_have_no_measured_error_and_say_so() -> None:
+    """No published row ran int16 reference kernels: the estimate says its error is not
+    known, while the same file's int8 operators get LiteRT's measured band."""
+    from dataclasses import replace
+
+    int16 = [replace(o, precision="int16") for o in OPERATORS]
+    made = estimate(FLOPS, PI4, "int16", measured(operators=int16))
+    known = estimate(FLOPS, PI4, "int8", measured())
+    assert made is not None and known is not None
+    assert made.expected_error is not None and known.expected_error is not None
+    assert made.expected_error["unmeasured"] == "int16 activations (reference kernels)"
+    assert made.expected_error["short"] == "not measured for int16 activations (reference " \
+        "kernels)"
+    assert "unmeasured" not in known.expected_error
+    assert known.expected_error["short"].startswith("within ")
+    # slower kernels than int8's, priced as such
+    assert made.latency_ms > known.latency_ms
