@@ -142,6 +142,8 @@ def build_variant(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, N
         "stages": [{"name": o.node.stage, "seconds": round(o.seconds, 4), "cached": o.cached,
                     # when this run's task ran it (epoch s): overlaps show parallel stages
                     "started": round(o.started, 3), "finished": round(o.finished, 3),
+                    # it timed the file on this host (the variant's latency_ms)
+                    **({"timed": True} if "latency_ms" in o.info else {}),
                     # the data samples it used (calibration, evaluation, a board's run)
                     **({"samples": _samples(o.info)} if _samples(o.info) else {}),
                     **({"warnings": o.warnings} if o.warnings else {})} for o in own],

@@ -86,9 +86,9 @@ def _tag(variant: Mapping[str, Any], target: str) -> str:
 
 
 def timed_beside(variants: Mapping[str, Mapping[str, Any]]) -> dict[str, list[str]]:
-    """Per variant whose host timing (its benchmark stage) this run took while another of
-    the run's stages ran, those stages ("<variant> › <stage>"), from the stages' start and
-    end (report.json's `stages`); a stage taken from the cache ran in no window of this
+    """Per variant whose host timing (its stage marked `timed`) this run took while another
+    of the run's stages ran, those stages ("<variant> › <stage>"), from the stages' start
+    and end (report.json's `stages`); a stage taken from the cache ran in no window of this
     run."""
     def window(stage: Mapping[str, Any]) -> tuple[str, float, float] | None:
         if stage.get("cached") or stage.get("started") is None:
@@ -104,7 +104,7 @@ def timed_beside(variants: Mapping[str, Mapping[str, Any]]) -> dict[str, list[st
     for name, variant in variants.items():
         for stage in variant.get("stages") or []:
             timed = window(stage)
-            if timed is None or timed[0] != "benchmark":
+            if timed is None or not stage.get("timed"):
                 continue
             beside = sorted(f"{where} › {other}" for (other, start, end), where in ran.items()
                             if (other, start, end) != timed and start < timed[2]

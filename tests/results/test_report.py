@@ -273,7 +273,8 @@ def test_one_preempted_run_does_not_make_a_tie() -> None:
 
 def _stages(*spans: tuple[str, float, float], cached: bool = False) -> list[dict]:
     return [{"name": name, "seconds": end - start, "cached": cached, "started": start,
-             "finished": end} for name, start, end in spans]
+             "finished": end, **({"timed": True} if name == "benchmark" else {})}
+            for name, start, end in spans]
 
 
 def test_host_timings_taken_beside_another_stage_are_not_compared() -> None:
