@@ -25,7 +25,7 @@ Pure: no TensorFlow import (the report and the registry import it).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from orchestrator.formatting import format_ms
@@ -70,6 +70,20 @@ class Estimate:
     by_kind_ms: dict[str, float] = field(default_factory=dict)
     expected_error: dict[str, Any] | None = None
     board_factor: float | None = None  # scaled by the target's board (report.board_factors)
+
+    def scaled_by_board(self, factor: float, target: str) -> Estimate:
+        """This estimate scaled by its target's board (report.board_factors), every figure
+        of it, and saying so. One factor for the device, whatever the file's runtime or
+        precision."""
+        why = (f"×{factor:.3g} by {target}'s board: it measured the variants it ran "
+               f"{factor:.3g}× their estimates")
+        return replace(self, latency_ms=self.latency_ms * factor, board_factor=round(factor, 4),
+                       compute_ms=self.compute_ms * factor,
+                       overhead_ms=None if self.overhead_ms is None
+                       else self.overhead_ms * factor,
+                       method=f"{self.method}; scaled {why}",
+                       summary=f"{format_ms(self.latency_ms * factor)} ({why}; unscaled: "
+                               f"{self.summary})")
 
     def to_json(self) -> dict[str, Any]:
         """report.json's `estimate` (est_latency_ms stays the target's own key)."""
@@ -200,7 +214,10 @@ def _priced(operators: list[Operator], device: Device, measured: Mapping[str, An
             "ms": o.ms, "share": o.ms / total if total else 0.0, "why": o.why}
            for o in pricing.top(TOP_OPS)]
     kinds = pricing.by_kind()
-    kinds_text = ", ".join(f"{kind} {format_ms(ms)}" for kind, ms in list(kinds.items())[:4])
+
+    def largest_kinds(count: int) -> str:
+        return ", ".join(f"{kind} {format_ms(ms)}" for kind, ms in list(kinds.items())[:count])
+
     cores = threads_on(device, pricing.threads)
     threads_text = ("("
                     + ("the target's `threads:`" if threads_from == "target"
@@ -217,7 +234,7 @@ def _priced(operators: list[Operator], device: Device, measured: Mapping[str, An
                              "barriers)"))
     on = f" of a {device.soc}" if device.soc else ""
     method = (f"{format_ms(total)} on {cores}{on} {threads_text} with {RUNTIMES[priced_as]}: "
-              f"{format_ms(compute)} in kernels (by kind: {kinds_text}) + {overhead_text}. "
+              f"{format_ms(compute)} in kernels (by kind: {largest_kinds(4)}) + {overhead_text}. "
               "Each op's work at its kind's rate on this core (fitted on published "
               "measurements), or, where its tensors do not fit in the cache, its bytes at "
               "the DRAM's bandwidth if that is longer"
@@ -228,8 +245,7 @@ def _priced(operators: list[Operator], device: Device, measured: Mapping[str, An
         spread = timings_spread(p50, fastest)
         if spread is not None and probed:
             method += f"; {spread}: the probe of the runtime's cost may read high"
-    top_kinds = ", ".join(f"{kind} {format_ms(ms)}" for kind, ms in list(kinds.items())[:3])
-    summary = (f"{format_ms(total)} on {cores} ({top_kinds}; "
+    summary = (f"{format_ms(total)} on {cores} ({largest_kinds(3)}; "
                f"{format_ms(overhead)} overhead)"
                + (f", expected error: {error['short']}" if error else ""))
     cv = _number(measured, "host_cv")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -168,7 +167,7 @@ def build_variant(name: str, plan: Plan, data: RunData, outcomes: Mapping[str, N
         measured = on_device.get(target.name)
         factor = (board_factors or {}).get(target.name)
         if made is not None and factor and not _board_measured(measured):
-            made = scaled_by_board(made, factor, target.name)
+            made = made.scaled_by_board(factor, target.name)
         est = None if made is None else round(made.latency_ms, 4)
         judged, figures = judged_on_device(variant, target.name, est, measured)
         violations = check_budgets(judged, target.budgets, figures["latency_ms"], device,
@@ -188,19 +187,6 @@ def _board_measured(measured: Mapping[str, Any] | None) -> bool:
     """A real board (not an emulated one) timed the file."""
     return bool(measured and measured.get("measured") and not measured.get("emulated")
                 and (measured.get("latency_ms") or {}).get("p50"))
-
-
-def scaled_by_board(made: Any, factor: float, target: str) -> Any:
-    """An estimate scaled by its target's board (`board_factors`), every figure of it, and
-    saying so. One factor for the device, whatever the file's runtime or precision."""
-    why = (f"×{factor:.3g} by {target}'s board: it measured the variants it ran "
-           f"{factor:.3g}× their estimates")
-    return replace(made, latency_ms=made.latency_ms * factor, board_factor=round(factor, 4),
-                   compute_ms=made.compute_ms * factor,
-                   overhead_ms=None if made.overhead_ms is None else made.overhead_ms * factor,
-                   method=f"{made.method}; scaled {why}",
-                   summary=f"{format_ms(made.latency_ms * factor)} ({why}; unscaled: "
-                           f"{made.summary})")
 
 
 def board_factors(built: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:

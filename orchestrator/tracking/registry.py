@@ -15,7 +15,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -261,7 +261,7 @@ def gate_check(report: Mapping[str, Any], target: Target, device: Any) -> Target
     factor = ((variant.get("targets") or {}).get(target.name) or {}).get(
         "estimate", {}).get("board_factor")
     if made is not None and isinstance(factor, int | float) and factor > 0:
-        made = replace(made, latency_ms=made.latency_ms * factor)
+        made = made.scaled_by_board(factor, target.name)
     est = None if made is None else round(made.latency_ms, 4)
     return TargetCheck(target.name, name, check_budgets(variant, target.budgets, est, device))
 
